@@ -1,0 +1,25 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Both create .venv when missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.mmgrpo-installed
+OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+
+.PHONY: install demo test bench clean
+
+$(STAMP): pyproject.toml requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(OFFLINE) $(VENV)/bin/mmgrpo train configs/toy_bandit.yaml
+
+test: $(STAMP)
+	$(OFFLINE) $(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,22 @@
+"""mmgrpo: one correct, tested, composable group-relative policy optimisation core for generators, VLMs and video LLMs.
+
+Public API: `train`, `Config`, `load_config` and the registries; the maths lives in advantages, losses, sampling.
+"""
+
+from mmgrpo.advantages import ADVANTAGES
+from mmgrpo.config import Config, load_config
+from mmgrpo.losses import AGGREGATIONS, KL, POLICY_LOSSES
+from mmgrpo.plugins import PIPELINES
+from mmgrpo.sampling import SAMPLERS
+
+
+def train(cfg: Config):
+    """Run training as configured (see mmgrpo.trainer.train)."""
+    from mmgrpo.trainer import train as _train
+
+    return _train(cfg)
+
+
+__all__ = ["ADVANTAGES", "AGGREGATIONS", "KL", "PIPELINES", "POLICY_LOSSES", "SAMPLERS", "Config", "load_config",
+           "train"]
+__version__ = "0.1.0"

@@ -1,0 +1,162 @@
+"""The `mmgrpo` command: train, eval, sample, config, list, rewards, serve-rewards.
+
+User errors print one line and exit 2 (no traceback); `--debug` shows the traceback.
+"""
+
+import argparse
+import os
+import sys
+import traceback
+
+EXAMPLES = """examples:
+  mmgrpo train configs/toy_count.yaml                      train the toy counting policy (seconds on a CPU)
+  mmgrpo train configs/toy_count.yaml run.steps=100 algo.kl_coef=0.01 sample.group_size=16
+  accelerate launch --num_processes 2 -m mmgrpo.cli train configs/toy_count.yaml
+  mmgrpo eval configs/toy_count.yaml ckpt=latest            per-category reward table of the newest checkpoint
+  mmgrpo sample configs/toy_count.yaml ckpt=latest out=samples/
+  mmgrpo config configs/toy_count.yaml algo.loss=clipped    print the validated, resolved config
+  mmgrpo list advantages                                   registered names with one-line descriptions
+  mmgrpo rewards list
+"""
+
+
+def _split_special(items: list[str], keys: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
+    """Pull `ckpt=...`-style arguments out of the override list."""
+    rest, special = [], {}
+    for item in items:
+        key = item.split("=", 1)[0]
+        if "=" in item and key in keys:
+            special[key] = item.split("=", 1)[1]
+        else:
+            rest.append(item)
+    return rest, special
+
+
+def _int(special: dict[str, str], key: str, default: int) -> int:
+    try:
+        return int(special.get(key, default))
+    except ValueError:
+        from mmgrpo.errors import UserError
+
+        raise UserError(f"{key}={special[key]!r} must be a whole number, e.g. {key}={default}") from None
+
+
+def cmd_train(args) -> int:
+    from mmgrpo.config import load_config
+    from mmgrpo.trainer import train
+
+    cfg = load_config(args.config, args.overrides)
+    out = train(cfg)
+    reward = out["metrics"].get("reward/total_mean")
+    print(f"done: {out['run_dir']}" + (f" (last reward {reward:.4f})" if reward is not None else ""))
+    return 0
+
+
+def cmd_eval(args) -> int:
+    from mmgrpo.config import load_config
+    from mmgrpo.evaluate import evaluate, format_table
+
+    overrides, sp = _split_special(args.overrides, ("ckpt", "group_size", "limit"))
+    cfg = load_config(args.config, overrides)
+    table = evaluate(cfg, sp.get("ckpt", "latest"), group_size=_int(sp, "group_size", 4),
+                     limit=_int(sp, "limit", 0) or None)
+    print(format_table(table))
+    return 0
+
+
+def cmd_sample(args) -> int:
+    from mmgrpo.config import load_config
+    from mmgrpo.evaluate import sample
+
+    overrides, sp = _split_special(args.overrides, ("ckpt", "out", "n", "group_size"))
+    cfg = load_config(args.config, overrides)
+    path = sample(cfg, sp.get("ckpt", "latest"), sp.get("out", os.path.join(cfg.run.output_dir, "samples")),
+                  num_prompts=_int(sp, "n", 4), group_size=_int(sp, "group_size", 4))
+    print(f"samples written to {path}")
+    return 0
+
+
+def cmd_config(args) -> int:
+    import yaml
+
+    from mmgrpo.config import load_config
+
+    print(yaml.safe_dump(load_config(args.config, args.overrides).to_dict(), sort_keys=False), end="")
+    return 0
+
+
+def cmd_list(args) -> int:
+    from mmgrpo import advantages, losses, sampling
+    from mmgrpo.errors import UserError
+    from mmgrpo.plugins import PIPELINES, load_plugins
+
+    load_plugins()
+    import rewards
+
+    tables = {"advantages": advantages.ADVANTAGES.describe, "losses": losses.POLICY_LOSSES.describe,
+              "aggregations": losses.AGGREGATIONS.describe, "kl": losses.KL.describe,
+              "samplers": sampling.SAMPLERS.describe, "pipelines": PIPELINES.describe, "rewards": rewards.describe}
+    kinds = list(tables) if args.kind == "all" else [args.kind]
+    for kind in kinds:
+        if kind not in tables:
+            raise UserError(f"mmgrpo list: unknown kind {kind!r}; choose from: all, {', '.join(tables)}")
+        print(f"{kind}:")
+        for name, doc in tables[kind]().items():
+            print(f"  {name:<26} {doc}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mmgrpo", description="Group-relative policy optimisation for generators, "
+                                "VLMs and video LLMs.", epilog=EXAMPLES, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name, func, text in [("train", cmd_train, "train a policy from a YAML recipe (+ key.sub=value overrides)"),
+                             ("eval", cmd_eval, "score a checkpoint on held-out prompts (ckpt=latest|DIR|none)"),
+                             ("sample", cmd_sample, "save samples of a checkpoint (ckpt=, out=, n=)"),
+                             ("config", cmd_config, "validate a recipe and print the resolved config")]:
+        sp = sub.add_parser(name, help=text, description=text)
+        sp.add_argument("config", help="YAML recipe, e.g. configs/toy_count.yaml")
+        sp.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. algo.kl_coef=0.01")
+        sp.set_defaults(func=func)
+    sp = sub.add_parser("list", help="list registered components with one-line descriptions")
+    sp.add_argument("kind", nargs="?", default="all",
+                    help="all, advantages, losses, aggregations, kl, samplers, pipelines, rewards")
+    sp.set_defaults(func=cmd_list)
+    try:
+        from rewards.cli import add_subcommands
+    except ImportError:
+        add_subcommands = None
+    if add_subcommands is not None:
+        add_subcommands(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    from mmgrpo.errors import TrainingStopped
+
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError) as err:
+        if args.debug:
+            traceback.print_exc()
+        print(f"mmgrpo: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    except TrainingStopped as err:
+        if args.debug:
+            traceback.print_exc()
+        print(f"mmgrpo: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("mmgrpo: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Steps 1-2 of the loop: choose prompts, roll out G samples each, score them, filter or refill groups.
+
+Every rank rolls out its own slice of the global prompt batch; rewards are gathered so all ranks agree.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mmgrpo import sampling
+from mmgrpo.runtime import all_gather, all_sum, prompt_seed
+from mmgrpo.types import Rollout
+
+
+@dataclass
+class Batch:
+    """One step's training data on this rank: B_local prompts x G samples, scored."""
+
+    prompt_ids: list[int]
+    """[B_local] dataset indices"""
+    prompts: list[dict[str, Any]]
+    """[B_local] prompt records"""
+    rollout: Rollout
+    per_reward: Tensor
+    """[N_local, R] per-reward scores"""
+    total: Tensor
+    """[N_local] weighted sum"""
+    keep: Tensor
+    """[B_local] bool: groups that enter the loss (False: filtered as zero-variance, or padding after refill)"""
+    rounds: int = 1
+    """rollout rounds this step took (more than 1 with DAPO refill)"""
+
+
+def _pad_dim1(tensors: list[Tensor]) -> list[Tensor]:
+    """Right-pad dim 1 to a common size (completions of different rounds differ in length); mask pads with False."""
+    if tensors[0].dim() < 2 or len({t.shape[1] for t in tensors}) == 1:
+        return tensors
+    k = max(t.shape[1] for t in tensors)
+    out = []
+    for t in tensors:
+        pad = torch.zeros((t.shape[0], k - t.shape[1], *t.shape[2:]), dtype=t.dtype, device=t.device)
+        out.append(torch.cat([t, pad], dim=1))
+    return out
+
+
+def cat_rollouts(parts: list[Rollout]) -> Rollout:
+    """Concatenate rollouts along N; extras that are tensors are concatenated, lists extended."""
+    if len(parts) == 1:
+        return parts[0]
+    extras = {}
+    for key, first in parts[0].extras.items():
+        values = [p.extras[key] for p in parts]
+        if isinstance(first, Tensor):
+            extras[key] = torch.cat(_pad_dim1(values), dim=0)
+        elif isinstance(first, list):
+            extras[key] = [v for vs in values for v in vs]
+        else:
+            extras[key] = first  # scalars and configs shared by every round
+    metrics = {k: sum(p.metrics.get(k, 0.0) for p in parts) / len(parts) for k in parts[0].metrics}
+    return Rollout(samples=[s for p in parts for s in p.samples],
+                   old_logp=torch.cat(_pad_dim1([p.old_logp for p in parts])),
+                   mask=torch.cat(_pad_dim1([p.mask for p in parts])), extras=extras, metrics=metrics)
+
+
+def select_groups(rollout: Rollout, groups: list[int], group_size: int) -> Rollout:
+    """The rollout restricted to whole groups `groups` (in that order)."""
+    idx = torch.tensor([g * group_size + j for g in groups for j in range(group_size)], dtype=torch.long)
+    extras = {k: (v[idx] if isinstance(v, Tensor) and v.dim() and v.shape[0] == rollout.num_samples
+                  else [v[i] for i in idx.tolist()] if isinstance(v, list) and len(v) == rollout.num_samples
+                  else v) for k, v in rollout.extras.items()}
+    return Rollout(samples=[rollout.samples[i] for i in idx.tolist()], old_logp=rollout.old_logp[idx],
+                   mask=rollout.mask[idx], extras=extras, metrics=rollout.metrics)
+
+
+def reward_fields(prompts: list[dict[str, Any]], group_size: int) -> tuple[list[Any], dict[str, list[Any]]]:
+    """Prompt texts and ground-truth fields repeated G times (samples of a group are contiguous)."""
+    texts = [p.get("prompt") for p in prompts for _ in range(group_size)]
+    keys = sorted({k for p in prompts for k in p if k != "prompt"})
+    fields = {k: [p.get(k) for p in prompts for _ in range(group_size)] for k in keys}
+    return texts, fields
+
+
+def _one_round(run, step: int, round_: int) -> tuple[list[int], list[dict], Rollout, Tensor, Tensor, Tensor]:
+    """Sample the global prompt batch, roll out this rank's slice, score, gather rewards to every rank."""
+    cfg, acc = run.cfg, run.accelerator
+    g, b_global = cfg.sample.group_size, cfg.sample.batch_size // cfg.sample.group_size
+    b_local = b_global // acc.num_processes
+    global_ids = run.sampler.sample(b_global)
+    lo = acc.process_index * b_local
+    ids = global_ids[lo: lo + b_local]
+    prompts = [run.task.train_data[i] for i in ids]
+    seeds = [prompt_seed(cfg.run.seed, step, round_, lo + i) for i in range(b_local)]
+    with torch.no_grad():
+        rollout = run.policy.rollout(prompts, g, seeds)
+    rollout.check(b_local, g)
+    texts, fields = reward_fields(prompts, g)
+    per_reward, total = run.reward_set(rollout.samples, texts, group_size=g, **fields)  # [N, R], [N]
+    global_total = all_gather(acc, total.float()).view(b_global, g)  # [B, G]
+    run.sampler.update(global_ids, global_total)
+    return ids, prompts, rollout, per_reward.float(), total.float(), global_total
+
+
+def collect(run, step: int) -> Batch:
+    """Roll out and score one step's batch; with filter_zero_std drop flat groups, with refill roll out more."""
+    cfg, acc = run.cfg, run.accelerator
+    g = cfg.sample.group_size
+    b_local = cfg.sample.batch_size // g // acc.num_processes
+    parts, rounds = [], 0
+    while True:
+        ids, prompts, rollout, per_reward, total, _ = _one_round(run, step, rounds)
+        keep = torch.ones(b_local, dtype=torch.bool)
+        if cfg.sample.filter_zero_std and torch.isfinite(total).all():
+            keep = sampling.group_keep_mask(total.view(b_local, g))  # [B_local]
+        parts.append((ids, prompts, rollout, per_reward, total, keep))
+        rounds += 1
+        kept = sum(int(p[5].sum()) for p in parts)
+        short = all_sum(acc, torch.tensor(float(kept < b_local)))
+        if not cfg.sample.refill or short.item() == 0 or rounds > cfg.sample.max_refill_rounds:
+            break
+    if len(parts) == 1:
+        ids, prompts, rollout, per_reward, total, keep = parts[0]
+        return Batch(ids, prompts, rollout, per_reward, total, keep, rounds)
+    return _assemble(parts, b_local, g, rounds)
+
+
+def _assemble(parts: list[tuple], b_local: int, g: int, rounds: int) -> Batch:
+    """DAPO refill: the first b_local kept groups over all rounds; if too few, pad with flat groups (masked out)."""
+    ids = [i for p in parts for i in p[0]]
+    prompts = [q for p in parts for q in p[1]]
+    rollout = cat_rollouts([p[2] for p in parts])
+    per_reward = torch.cat([p[3] for p in parts])  # [rounds*N_local, R]
+    total = torch.cat([p[4] for p in parts])  # [rounds*N_local]
+    keep_all = torch.cat([p[5] for p in parts])  # [rounds*B_local]
+    order = keep_all.nonzero().flatten().tolist() + (~keep_all).nonzero().flatten().tolist()
+    chosen = order[:b_local]
+    sample_idx = torch.tensor([c * g + j for c in chosen for j in range(g)], dtype=torch.long)
+    return Batch(prompt_ids=[ids[c] for c in chosen], prompts=[prompts[c] for c in chosen],
+                 rollout=select_groups(rollout, chosen, g), per_reward=per_reward[sample_idx],
+                 total=total[sample_idx], keep=keep_all[chosen], rounds=rounds)

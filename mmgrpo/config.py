@@ -1,0 +1,279 @@
+"""Typed run configuration: nested dataclasses, YAML loading, `key.sub=value` overrides and validation.
+
+Validation runs before any model loads; every message names the field, the value, the reason and the fix.
+"""
+
+import ast
+import dataclasses
+import difflib
+import inspect
+import os
+import textwrap
+import types
+import typing
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mmgrpo.errors import UserError
+
+
+@dataclass
+class RunConfig:
+    output_dir: str = "runs/default"
+    """directory for checkpoints, metrics.jsonl, galleries and report.html"""
+    seed: int = 0
+    """seed for prompt sampling, rollouts and initialisation (rollouts are seeded per prompt, so any rank count
+    gives the same global batch)"""
+    steps: int = 100
+    """number of training iterations (one rollout batch + its updates each)"""
+    device: str = "auto"
+    """"auto" (CUDA when present), "cpu" or "cuda"; under `accelerate launch` accelerate decides"""
+    mixed_precision: str = "no"
+    """"no", "bf16" or "fp16"; autocast only when CUDA is present (CPU runs stay fp32)"""
+    resume: str = "auto"
+    """"auto" continues from the newest valid checkpoint in output_dir, "never" starts fresh, or a checkpoint path"""
+    checkpoint_every: int = 50
+    """save a checkpoint every N steps (0: only at the end and on SIGTERM/SIGINT)"""
+    keep_last: int = 2
+    """how many checkpoints to keep"""
+    log_every: int = 1
+    """write metrics every N steps"""
+    gallery_every: int = 0
+    """save a sample gallery every N steps (0: only first and last step)"""
+    trackers: list[str] = field(default_factory=list)
+    """extra accelerate trackers: "tensorboard", "wandb" (metrics.jsonl is always written)"""
+    max_bad_steps: int = 3
+    """stop (with a checkpoint) after this many consecutive steps skipped for NaN/Inf rewards or losses"""
+    progress: bool = True
+    """show a tqdm progress bar with the live reward"""
+    report: bool = True
+    """write report.html (curves, before/after samples, config, timings) at the end"""
+
+
+@dataclass
+class PipelineConfig:
+    name: str = "toy_count"
+    """registered pipeline that builds the policy and its prompts (`mmgrpo list pipelines`)"""
+    kwargs: dict = field(default_factory=dict)
+    """the pipeline builder's keyword arguments (model id or path, data path, LoRA rank...)"""
+
+
+@dataclass
+class SampleConfig:
+    batch_size: int = 64
+    """samples per step over all ranks (prompts x group_size), like TRL's generation batch"""
+    group_size: int = 8
+    """G: samples per prompt that share a baseline"""
+    sampler: str = "uniform"
+    """prompt sampler: "uniform", "vade" (Thompson sampling on p(1-p)), "mmr1_vas" (variance-aware)"""
+    sampler_kwargs: dict = field(default_factory=dict)
+    """keyword arguments of the prompt sampler"""
+    filter_zero_std: bool = False
+    """drop groups whose rewards are all equal (they carry no gradient), DAPO arXiv:2503.14476"""
+    refill: bool = False
+    """with filter_zero_std: roll out more prompts until the batch is full again (DAPO dynamic sampling)"""
+    max_refill_rounds: int = 4
+    """extra rollout rounds allowed per step before refill gives up with a message"""
+
+
+@dataclass
+class AlgoConfig:
+    advantage: str = "grpo"
+    """advantage estimator (`mmgrpo list advantages`)"""
+    advantage_kwargs: dict = field(default_factory=dict)
+    """its keyword arguments, e.g. {std: group, eps: 1e-6}"""
+    loss: str = "clipped"
+    """policy loss (`mmgrpo list losses`)"""
+    loss_kwargs: dict = field(default_factory=dict)
+    """its keyword arguments, e.g. {clip_low: 0.2, clip_high: 0.28, dual_clip: 3.0, level: token}"""
+    aggregation: str = "token_mean"
+    """how [N, K] losses become a scalar: token_mean, seq_mean_token_mean, seq_mean_token_sum,
+    seq_mean_token_sum_norm"""
+    norm_len: int | None = None
+    """constant length for seq_mean_token_sum_norm (Dr. GRPO); default K of the rollout"""
+    kl_coef: float = 0.0
+    """weight of the KL penalty to the reference policy (0 disables it and the reference pass)"""
+    kl_kind: str = "k3"
+    """KL estimator: k1, k2 or k3"""
+    inner_epochs: int = 1
+    """passes over each rollout batch (PPO epochs); >1 makes updates off-policy and clipping active"""
+    num_minibatches: int = 1
+    """optimizer steps per inner epoch; the batch is split into this many shuffled mini-batches"""
+    micro_batch_size: int = 8
+    """samples per forward/backward on each rank (gradient accumulation inside a mini-batch)"""
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-4
+    """AdamW learning rate"""
+    weight_decay: float = 0.0
+    """AdamW weight decay"""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas"""
+    grad_clip: float = 1.0
+    """clip the global gradient norm to this value (0 disables clipping)"""
+    schedule: str = "constant"
+    """learning-rate schedule after warm-up: constant, linear or cosine (decaying to 0 at run.steps)"""
+    warmup_steps: int = 0
+    """linear warm-up steps"""
+    ema_decay: float = 0.0
+    """keep an exponential moving average of the trainable weights with this decay (0 disables it)"""
+
+
+@dataclass
+class RewardSpec:
+    name: str = ""
+    """registered reward (`mmgrpo rewards list`) or an http:// URL of a reward server"""
+    weight: float = 1.0
+    """weight in the summed reward (GDPO uses the per-reward scores and these weights)"""
+    kwargs: dict = field(default_factory=dict)
+    """the reward's keyword arguments (model path, mode...)"""
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    sample: SampleConfig = field(default_factory=SampleConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    rewards: list[RewardSpec] = field(default_factory=list)
+    """rewards to score samples with; empty means the pipeline's default"""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: str | os.PathLike) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+@cache
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings of a dataclass (the string right after each field), read from its source."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check `value` against the annotation `tp`; return it (ints widen to float). Raise UserError otherwise."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(value, inner[0], where)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where)
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise UserError(f"{where}: expected a list, got {value!r}; write it as [a, b] in YAML")
+        (item,) = typing.get_args(tp) or (Any,)
+        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if tp is dict or origin is dict:
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise UserError(f"{where}: expected a mapping, got {value!r}; write it as {{key: value}} in YAML")
+        return dict(value)
+    if tp is Any:
+        return value
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }.get(tp, True)
+    if not ok:
+        raise UserError(f"{where}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__}); "
+                        f"fix the value in the YAML file or override it as {where}=<{_type_name(tp)}>")
+    return float(value) if tp is float else value
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UserError(f"{where or 'config'}: expected a mapping of {cls.__name__} fields, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+            hint = f"did you mean {(where + '.' if where else '') + close[0]!r}? " if close else ""
+            raise UserError(f"unknown config key {path!r}; {hint}valid keys here: {', '.join(names)}")
+        kwargs[key] = _coerce(value, hints[key], path)
+    return cls(**kwargs)
+
+
+def _set_path(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node: Any = tree
+    for i, part in enumerate(parts[:-1]):
+        key: Any = int(part) if isinstance(node, list) and part.isdigit() else part
+        if isinstance(node, list):
+            if not isinstance(key, int) or key >= len(node):
+                raise UserError(f"override {dotted!r}: {'.'.join(parts[:i])} has {len(node)} items; "
+                                f"use an index below {len(node)}")
+        elif key not in node or node[key] is None:
+            node[key] = {}
+        node = node[key]
+    last = parts[-1]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    """`key.sub=value` strings to (path, value); values are parsed as YAML (so 3 is int, [a, b] a list)."""
+    out = []
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise UserError(f"override {item!r} is not of the form key.sub=value, e.g. algo.kl_coef=0.01")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError:
+            value = raw
+        out.append((key.strip(), value))
+    return out
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()) -> Config:
+    """Read a YAML recipe, apply `key.sub=value` overrides, type-check every field and validate the values."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise UserError(f"config file {str(path)!r} does not exist; pass a YAML recipe such as "
+                            f"configs/toy_count.yaml")
+        try:
+            tree = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise UserError(f"config file {str(path)!r} is not valid YAML: {' '.join(str(err).split())}") from None
+        if not isinstance(tree, dict):
+            raise UserError(f"config file {str(path)!r} must hold a mapping of sections (run, sample, algo...)")
+    for key, value in parse_overrides(list(overrides)):
+        _set_path(tree, key, value)
+    cfg = _build(Config, tree, "")
+    from mmgrpo.validate import validate
+
+    validate(cfg)
+    return cfg

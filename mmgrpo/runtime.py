@@ -1,0 +1,111 @@
+"""The plumbing the training loop calls: accelerate setup, optimizer and schedule, EMA, seeds, signals, ranks.
+
+Kept out of trainer.py so the loop reads top to bottom; nothing here knows a modality.
+"""
+
+import math
+import signal
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+from accelerate import Accelerator
+
+from mmgrpo.config import Config
+
+
+def make_accelerator(cfg: Config) -> Accelerator:
+    """CPU unless CUDA is there (and asked for); mixed precision only with CUDA, so CPU runs stay exact fp32."""
+    cuda = torch.cuda.is_available() and cfg.run.device != "cpu"
+    precision = cfg.run.mixed_precision if cuda else "no"
+    return Accelerator(cpu=not cuda, mixed_precision=precision, log_with=list(cfg.run.trackers) or None,
+                       project_dir=cfg.run.output_dir)
+
+
+def build_optimizer(params: list[torch.nn.Parameter], cfg: Config) -> torch.optim.Optimizer:
+    o = cfg.optim
+    if not params:
+        raise ValueError("the policy has no trainable parameters; check the pipeline's LoRA/freeze settings")
+    return torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+
+
+def lr_factor(step: int, *, warmup: int, total: int, schedule: str) -> float:
+    """Linear warm-up to 1 over `warmup` steps, then constant, linear or cosine decay to 0 at `total`."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    frac = min(1.0, (step - warmup) / max(1, total - warmup))
+    return 1.0 - frac if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * frac))
+
+
+def build_scheduler(opt: torch.optim.Optimizer, cfg: Config) -> torch.optim.lr_scheduler.LambdaLR:
+    o = cfg.optim
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_factor(s, warmup=o.warmup_steps, total=cfg.run.steps, schedule=o.schedule))
+
+
+class EMA:
+    """Exponential moving average of trainable weights: ema = decay * ema + (1 - decay) * w."""
+
+    def __init__(self, named: dict[str, torch.nn.Parameter], decay: float):
+        self.decay = decay
+        self.named = named
+        self.shadow = {k: p.detach().clone() for k, p in named.items()}
+
+    @torch.no_grad()
+    def update(self) -> None:
+        for k, p in self.named.items():
+            self.shadow[k].lerp_(p.detach(), 1.0 - self.decay)
+
+
+def prompt_seed(seed: int, step: int, round_: int, position: int) -> int:
+    """Seed of one prompt's group: a function of its global position only, so any rank count rolls out the same."""
+    return (seed * 1_000_003 + step * 10_007 + round_ * 7_919 + position) % (2**62)
+
+
+def shuffle_generator(seed: int, step: int, epoch: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 9_973 + step * 131 + epoch) % (2**62))
+
+
+@dataclass
+class StopFlag:
+    """Set by SIGTERM/SIGINT; the loop saves a checkpoint after the current step and exits cleanly."""
+
+    signal_name: str | None = None
+    _old: dict = field(default_factory=dict)
+
+    def install(self) -> "StopFlag":
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                self._old[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread (e.g. inside a test runner thread)
+                pass
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.signal_name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # second Ctrl-C: stop now
+        self.signal_name = signal.Signals(signum).name
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def sync_context(accelerator: Accelerator, model: torch.nn.Module, last: bool):
+    """No gradient all-reduce until the last micro-batch of a mini-batch (DDP gradient accumulation)."""
+    return nullcontext() if last or accelerator.num_processes == 1 else accelerator.no_sync(model)
+
+
+def all_sum(accelerator: Accelerator, value: torch.Tensor) -> torch.Tensor:
+    if accelerator.num_processes == 1:
+        return value
+    return accelerator.reduce(value.to(accelerator.device).clone(), reduction="sum")
+
+
+def all_gather(accelerator: Accelerator, value: torch.Tensor) -> torch.Tensor:
+    """Concatenate a per-rank tensor over ranks in rank order (rank r holds global prompts r*B_local...)."""
+    if accelerator.num_processes == 1:
+        return value
+    return accelerator.gather(value.to(accelerator.device).contiguous()).cpu()

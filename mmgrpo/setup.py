@@ -1,0 +1,192 @@
+"""Building a run (pipeline, rewards, optimizer, sampler, accelerate, resume) and saving it again.
+
+The `Run` holds everything the loop touches; `setup` validates paths and restores a checkpoint before step one.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from accelerate import Accelerator
+
+from mmgrpo import checkpoint, sampling
+from mmgrpo.config import Config
+from mmgrpo.errors import UserError
+from mmgrpo.plugins import PIPELINES, load_plugins
+from mmgrpo.report import write_report
+from mmgrpo.runtime import EMA, build_optimizer, build_scheduler, make_accelerator
+from mmgrpo.tracking import MetricsLog
+from mmgrpo.types import Task
+
+
+@dataclass
+class Run:
+    cfg: Config
+    accelerator: Accelerator
+    task: Task
+    policy: Any
+    model: torch.nn.Module
+    optimizer: Any
+    scheduler: Any
+    sampler: Any
+    reward_set: Any
+    ema: EMA | None
+    run_dir: Path
+    ckpt_root: Path
+    metrics_log: MetricsLog | None
+    start_step: int = 0
+    bad_streak: int = 0
+    last_saved: int = -1
+    bar: Any = None
+
+    def say(self, msg: str) -> None:
+        if self.accelerator.is_main_process:
+            if self.bar is not None:
+                self.bar.write(msg)
+            else:
+                print(msg, flush=True)
+
+    def progress(self, metrics: dict[str, float]) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(reward=f"{metrics.get('reward/total_mean', float('nan')):.3f}",
+                                 kl=f"{metrics.get('kl/ref', 0.0):.4f}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        self.accelerator.end_training()
+
+    def finish_report(self) -> None:
+        if self.cfg.run.report and self.accelerator.is_main_process:
+            path = write_report(self.run_dir, yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+            self.say(f"report: {path}")
+
+
+def build_task(cfg: Config, device: torch.device) -> Task:
+    load_plugins()
+    builder = PIPELINES.get(cfg.pipeline.name)
+    task = builder(seed=cfg.run.seed, device=device, dtype=torch.float32, **cfg.pipeline.kwargs)
+    if not task.train_data:
+        raise UserError(f"pipeline {cfg.pipeline.name!r} produced an empty training set; check pipeline.kwargs "
+                        f"(data path, split) so that it yields at least one prompt")
+    return task
+
+
+def build_rewards(cfg: Config, task: Task, device: torch.device):
+    import rewards
+
+    specs = [{"name": s.name, "weight": s.weight, "kwargs": s.kwargs} for s in cfg.rewards] or task.rewards
+    if not specs:
+        raise UserError(f"no rewards configured and pipeline {cfg.pipeline.name!r} has no default; add a "
+                        f"`rewards:` list, e.g. [{{name: format, weight: 1.0}}]")
+    return rewards.RewardSet(specs, device=device)
+
+
+def _prepare_dirs(cfg: Config) -> tuple[Path, Path]:
+    run_dir = Path(cfg.run.output_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as err:
+        raise UserError(f"run.output_dir ({cfg.run.output_dir!r}) cannot be written ({err.strerror}); choose a "
+                        f"writable directory, e.g. run.output_dir=runs/my_run") from None
+    return run_dir, run_dir / "checkpoints"
+
+
+def setup(cfg: Config) -> Run:
+    """Everything before step one: dirs, accelerate, the pipeline's task, rewards, optimizer, resume."""
+    run_dir, ckpt_root = _prepare_dirs(cfg)
+    acc = make_accelerator(cfg)
+    b_prompts = cfg.sample.batch_size // cfg.sample.group_size
+    if b_prompts % acc.num_processes:
+        raise UserError(f"sample.batch_size / sample.group_size = {b_prompts} prompts per step cannot be split over "
+                        f"{acc.num_processes} processes; make it a multiple of {acc.num_processes}")
+    torch.manual_seed(cfg.run.seed)
+    task = build_task(cfg, acc.device)
+    reward_set = build_rewards(cfg, task, acc.device)
+    params = list(task.policy.trainable_parameters())
+    model, optimizer = acc.prepare(task.module, build_optimizer(params, cfg))
+    names = {id(p): n for n, p in task.module.named_parameters()}
+    ema = EMA({names[id(p)]: p for p in params}, cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else None
+    sampler = sampling.make_sampler(cfg.sample.sampler, len(task.train_data), seed=cfg.run.seed,
+                                    **cfg.sample.sampler_kwargs)
+    run = Run(cfg, acc, task, task.policy, model, optimizer, build_scheduler(optimizer, cfg), sampler, reward_set,
+              ema, run_dir, ckpt_root, None)
+    resume_step = _resume(run)
+    if acc.is_main_process:
+        cfg.save(run_dir / "config.yaml")
+        run.metrics_log = MetricsLog(run_dir, acc, resume_step)
+        if cfg.run.trackers:
+            acc.init_trackers(run_dir.name, config=_flat(cfg.to_dict()))
+    if cfg.run.progress and acc.is_main_process:
+        from tqdm.auto import tqdm
+
+        run.bar = tqdm(total=cfg.run.steps, initial=run.start_step, desc="mmgrpo", dynamic_ncols=True)
+    return run
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v if isinstance(v, (int, float, str, bool)) else str(v)
+    return out
+
+
+def _resume(run: Run) -> int | None:
+    """Restore the newest valid checkpoint (resume=auto) or a given one; returns its step or None."""
+    cfg, acc = run.cfg, run.accelerator
+    if acc.is_main_process:
+        checkpoint.clear_tmp(run.ckpt_root)
+    acc.wait_for_everyone()
+    if cfg.run.resume == "never":
+        return None
+    path = checkpoint.latest_valid(run.ckpt_root, log=run.say) if cfg.run.resume == "auto" else Path(cfg.run.resume)
+    if path is None:
+        return None
+    reason = checkpoint.check(path)
+    if reason:
+        raise UserError(f"run.resume ({str(path)!r}) is not a valid checkpoint: {reason}; pass another one or auto")
+    data = checkpoint.load(path, acc.process_index)
+    run.policy.load_state_dict(data["weights"])
+    st = data["state"]
+    run.optimizer.load_state_dict(st["optimizer"])
+    run.scheduler.load_state_dict(st["scheduler"])
+    run.sampler.load_state_dict(st["sampler"])
+    if run.ema is not None and "ema" in data:
+        for k, v in data["ema"].items():
+            run.ema.shadow[k].copy_(v)
+    if data["rng"] is not None:
+        checkpoint.set_rng_state(data["rng"])
+    run.start_step, run.bad_streak, run.last_saved = st["step"], st.get("bad_streak", 0), st["step"]
+    run.say(f"resumed from {path} at step {st['step']}")
+    return st["step"]
+
+
+def save_checkpoint(run: Run, step: int) -> None:
+    """Atomic save: every rank writes its RNG file, rank 0 writes the rest, then rank 0 renames the directory."""
+    if step == run.last_saved:
+        return
+    acc = run.accelerator
+    acc.wait_for_everyone()
+    checkpoint.write_rank_files(run.ckpt_root, step, acc.process_index)
+    if acc.is_main_process:
+        state = {"step": step, "bad_streak": run.bad_streak, "optimizer": run.optimizer.state_dict(),
+                 "scheduler": run.scheduler.state_dict(), "sampler": run.sampler.state_dict()}
+        checkpoint.write_main_files(run.ckpt_root, step, weights=run.policy.state_dict(), state=state,
+                                    config_yaml=yaml.safe_dump(run.cfg.to_dict(), sort_keys=False),
+                                    ema=run.ema.shadow if run.ema is not None else None)
+    acc.wait_for_everyone()
+    if acc.is_main_process:
+        checkpoint.finalize(run.ckpt_root, step, run.cfg.run.keep_last)
+    acc.wait_for_everyone()
+    run.last_saved = step

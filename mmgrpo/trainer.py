@@ -1,0 +1,235 @@
+"""The one training loop every pipeline shares: sample -> score -> advantages -> clipped updates -> log.
+
+Read `train` top to bottom; set-up, update and saving live in small helpers above it. No modality branches.
+"""
+
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from mmgrpo import advantages, losses, sampling
+from mmgrpo.collect import Batch, collect
+from mmgrpo.config import Config
+from mmgrpo.errors import TrainingStopped
+from mmgrpo.runtime import StopFlag, all_gather, all_sum, shuffle_generator, sync_context
+from mmgrpo.setup import Run, save_checkpoint, setup
+from mmgrpo.tracking import save_gallery
+
+
+@dataclass
+class _Acc:
+    """Running, element-weighted means of per-micro-batch metrics."""
+
+    sums: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def add(self, metrics: dict[str, Any], weight: float) -> None:
+        for k, v in metrics.items():
+            v = float(v.detach()) if isinstance(v, Tensor) else float(v)
+            self.sums[k] = self.sums.get(k, 0.0) + v * weight
+            self.weights[k] = self.weights.get(k, 0.0) + weight
+
+    def means(self) -> dict[str, float]:
+        return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
+
+
+def compute_advantages(run: Run, batch: Batch, progress: float) -> tuple[Tensor, Tensor, dict[str, float]]:
+    """Advantages [N_local] and the sample mask [N_local] from rewards gathered over all ranks."""
+    cfg, acc = run.cfg, run.accelerator
+    g = cfg.sample.group_size
+    name, kw = cfg.algo.advantage, dict(cfg.algo.advantage_kwargs)
+    if "progress" in inspect.signature(advantages.ADVANTAGES.get(name)).parameters:
+        kw["progress"] = progress
+    kind = advantages.ADVANTAGES.meta(name).get("input", "scalar")
+    source = batch.per_reward if kind == "multi" else batch.total  # [N, R] or [N]
+    if kind == "multi" and "weights" not in kw:
+        kw["weights"] = run.reward_set.weights.tolist()
+    rewards = all_gather(acc, source.contiguous())
+    rewards = rewards.view(-1, g, *rewards.shape[1:])  # [B, G] or [B, G, R]
+    adv = advantages.compute(name, rewards, **kw).reshape(-1)  # [N]
+    use = advantages.loss_mask(name, rewards, **kw).reshape(-1)  # [N]
+    n_local = batch.total.numel()
+    lo = acc.process_index * n_local
+    adv, use = adv[lo: lo + n_local], use[lo: lo + n_local]
+    use = use & batch.keep.repeat_interleave(g)
+    totals = all_gather(acc, batch.total).view(-1, g)  # [B, G]
+    stats = {"adv/mean": float(adv.mean()), "adv/std": float(adv.std()) if adv.numel() > 1 else 0.0,
+             "adv/min": float(adv.min()), "adv/max": float(adv.max()),
+             "adv/zero_std_frac": sampling.zero_std_fraction(totals),
+             "adv/kept_group_frac": float(batch.keep.float().mean())}
+    return adv, use, stats
+
+
+def _loss_for(run: Run, batch: Batch, idx: Tensor, adv: Tensor, mask: Tensor, ref: Tensor | None, denom: Tensor):
+    """Per-micro-batch loss: policy loss (+ KL to the reference), aggregated with the global denominator."""
+    a = run.cfg.algo
+    logp, aux = run.policy.logp(run.model, batch.rollout, idx)  # [n, K]
+    old = batch.rollout.old_logp[idx].to(logp.device)
+    m = mask[idx].to(logp.device)
+    kw = dict(a.loss_kwargs)
+    if "group_size" in inspect.signature(losses.POLICY_LOSSES.get(a.loss)).parameters:
+        kw["group_size"] = run.cfg.sample.group_size
+    loss_mat, metrics = losses.compute(a.loss, logp, old, adv[idx].to(logp.device), m, **kw)
+    metrics = dict(metrics)
+    if ref is not None:
+        kl_mat = losses.kl(logp, ref[idx].to(logp.device), a.kl_kind)  # [n, K]
+        loss_mat = loss_mat + a.kl_coef * kl_mat
+        metrics["kl/ref"] = torch.where(m, kl_mat, 0.0).sum() / m.sum().clamp(min=1)
+    if "entropy" in aux:
+        metrics["entropy"] = torch.where(m, aux["entropy"], 0.0).sum() / m.sum().clamp(min=1)
+    loss = losses.aggregate(loss_mat, m, a.aggregation, norm_len=_norm_len(run, mask), denom=denom)
+    return loss * run.accelerator.num_processes, metrics  # DDP averages gradients; denominators are global
+
+
+def _norm_len(run: Run, mask: Tensor) -> int | None:
+    if run.cfg.algo.aggregation != "seq_mean_token_sum_norm":
+        return run.cfg.algo.norm_len
+    return run.cfg.algo.norm_len or mask.shape[1]
+
+
+@torch.no_grad()
+def _reference(run: Run, batch: Batch) -> Tensor | None:
+    if run.cfg.algo.kl_coef == 0:
+        return None
+    n, mb = batch.rollout.num_samples, run.cfg.algo.micro_batch_size
+    parts = [run.policy.ref_logp(batch.rollout, torch.arange(i, min(i + mb, n))) for i in range(0, n, mb)]
+    return None if parts[0] is None else torch.cat(parts).float()  # [N, K]
+
+
+def update(run: Run, batch: Batch, adv: Tensor, use: Tensor, step: int) -> tuple[dict[str, float], bool]:
+    """Inner epochs over shuffled mini-batches with gradient accumulation; False when a NaN skipped a step."""
+    cfg, acc, a = run.cfg, run.accelerator, run.cfg.algo
+    mask = batch.rollout.mask & use[:, None]  # [N, K]
+    ref = _reference(run, batch)
+    acc_metrics, ok = _Acc(), True
+    n = batch.rollout.num_samples
+    g = cfg.sample.group_size
+    for epoch in range(a.inner_epochs):
+        # shuffle whole groups: group-level losses (Reg-GRPO) need every group inside one micro-batch
+        groups = torch.randperm(n // g, generator=shuffle_generator(cfg.run.seed, step, epoch))  # [B_local]
+        for mb_groups in groups.chunk(a.num_minibatches):
+            mb = (mb_groups[:, None] * g + torch.arange(g)).reshape(-1)  # [n_mb]
+            denom = all_sum(acc, losses.denominator(mask[mb], a.aggregation, norm_len=_norm_len(run, mask)).float())
+            micro = mb.split(a.micro_batch_size)
+            finite = torch.tensor(1.0)
+            for j, idx in enumerate(micro):
+                with sync_context(acc, run.model, last=j == len(micro) - 1), acc.autocast():
+                    loss, metrics = _loss_for(run, batch, idx, adv, mask, ref, denom)
+                    finite = finite * torch.isfinite(loss.detach()).float().cpu()
+                    acc.backward(torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0))
+                metrics["loss/policy"] = loss.detach() / acc.num_processes
+                acc_metrics.add(metrics, float(mask[idx].sum()))
+            ok = _optimizer_step(run, finite, acc_metrics) and ok
+    return acc_metrics.means(), ok
+
+
+def _optimizer_step(run: Run, finite: Tensor, acc_metrics: _Acc) -> bool:
+    """Clip, check finiteness on every rank, step (or skip the whole step when any rank saw NaN/Inf)."""
+    acc, clip = run.accelerator, run.cfg.optim.grad_clip
+    params = [p for p in run.model.parameters() if p.requires_grad]
+    grad_norm = acc.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
+    finite = finite * torch.isfinite(torch.as_tensor(grad_norm, dtype=torch.float32)).float().cpu()
+    all_ok = all_sum(acc, finite).item() == acc.num_processes
+    if all_ok:
+        run.optimizer.step()
+        if run.ema is not None:
+            run.ema.update()
+        acc_metrics.add({"grad_norm": float(grad_norm)}, 1.0)
+    run.optimizer.zero_grad(set_to_none=True)
+    return all_ok
+
+
+def _reward_metrics(run: Run, batch: Batch) -> dict[str, float]:
+    per = all_gather(run.accelerator, batch.per_reward)  # [N_global, R]
+    out = {}
+    for r, name in enumerate(run.reward_set.names):
+        out[f"reward/{name}/mean"] = float(per[:, r].mean())
+        out[f"reward/{name}/std"] = float(per[:, r].std()) if per.shape[0] > 1 else 0.0
+    total = all_gather(run.accelerator, batch.total)
+    out["reward/total_mean"], out["reward/total_std"] = float(total.mean()), float(total.std())
+    return out
+
+
+def _nonfinite_rewards(run: Run, batch: Batch) -> str | None:
+    bad = (~torch.isfinite(batch.per_reward)).nonzero().tolist()  # [[n, r], ...]
+    bad_any = all_sum(run.accelerator, torch.tensor(float(len(bad)))).item()
+    if not bad_any:
+        return None
+    g = run.cfg.sample.group_size
+    where = "; ".join(f"reward {run.reward_set.names[r]!r} on sample {n} (prompt {batch.prompts[n // g].get('prompt')!r})"
+                      for n, r in bad[:5])
+    return f"non-finite rewards ({int(bad_any)} values): {where or 'on another rank'}"
+
+
+def _gallery(run: Run, batch: Batch, step: int, last: bool) -> None:
+    every = run.cfg.run.gallery_every
+    if not (step == 0 or last or (every and step % every == 0)) or not hasattr(run.policy, "gallery"):
+        return
+    if run.accelerator.is_main_process:
+        save_gallery(run.run_dir, step, run.policy.gallery(batch.rollout, batch.prompts, batch.total))
+
+
+def train(cfg: Config) -> dict[str, Any]:
+    """Run GRPO-style training as configured; returns the last step's metrics and the run directory."""
+    run = setup(cfg)
+    stop, last_metrics = StopFlag().install(), {}
+    try:
+        for step in range(run.start_step, cfg.run.steps):
+            t0 = time.perf_counter()
+            # 1-2. sample prompts, roll out G samples per prompt, score them (refilling flat groups if asked)
+            try:
+                batch = collect(run, step)
+            except Exception as err:
+                if type(err).__name__ != "RewardError":
+                    raise
+                save_checkpoint(run, step)
+                raise TrainingStopped(f"stopped at step {step}: {err}; checkpoint saved, fix the reward and "
+                                      f"resume with run.resume=auto") from err
+            t1 = time.perf_counter()
+            metrics = {**batch.rollout.metrics, **_reward_metrics(run, batch), **run.sampler.metrics()}
+            bad = _nonfinite_rewards(run, batch)
+            # 3. group-relative advantages (over the global batch) and 4. clipped updates
+            ok = bad is None
+            if ok:
+                adv, use, adv_stats = compute_advantages(run, batch, progress=step / cfg.run.steps)
+                upd, ok = update(run, batch, adv, use, step)
+                metrics.update(adv_stats)
+                metrics.update(upd)
+                bad = None if ok else "non-finite loss or gradient"
+            run.scheduler.step()
+            t2 = time.perf_counter()
+            # 5. log, gallery, checkpoint, faults
+            run.bad_streak = 0 if ok else run.bad_streak + 1
+            if bad:
+                run.say(f"step {step}: skipped the update: {bad}")
+            n = cfg.sample.batch_size * batch.rounds
+            metrics.update({"lr": run.scheduler.get_last_lr()[0], "time/rollout_reward": t1 - t0,
+                            "time/update": t2 - t1, "time/step": t2 - t0, "perf/samples_per_sec": n / (t2 - t0),
+                            "skipped": float(not ok), "rollout/rounds": batch.rounds})
+            if run.accelerator.is_main_process and (step % cfg.run.log_every == 0 or step == cfg.run.steps - 1):
+                run.metrics_log.log(step, metrics)
+            run.progress(metrics)
+            _gallery(run, batch, step, last=step == cfg.run.steps - 1)
+            last_metrics = metrics
+            done = step + 1
+            if run.bad_streak >= cfg.run.max_bad_steps:
+                save_checkpoint(run, done)
+                raise TrainingStopped(f"stopped at step {step}: {run.bad_streak} consecutive steps had {bad}; "
+                                      f"checkpoint saved in {run.ckpt_root}. Lower optim.lr or check the reward")
+            if stop.signal_name or (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0):
+                save_checkpoint(run, done)
+            if stop.signal_name:
+                run.say(f"received {stop.signal_name}: checkpoint saved at step {done}; rerun to resume")
+                break
+        else:
+            save_checkpoint(run, cfg.run.steps)
+    finally:
+        stop.restore()
+        run.close()
+    run.finish_report()
+    return {"run_dir": str(run.run_dir), "metrics": last_metrics}
+

@@ -1,0 +1,142 @@
+"""Config validation: ranges, registry names and keyword arguments, checked before any model loads.
+
+Every message follows one pattern: the field, the value seen, why it is wrong, and what to set instead.
+"""
+
+import inspect
+import os
+from pathlib import Path
+
+from mmgrpo import advantages, losses, sampling
+from mmgrpo.config import Config
+from mmgrpo.errors import UserError
+from mmgrpo.plugins import PIPELINES, RESERVED_BUILD_KWARGS, load_plugins
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise UserError(msg)
+
+
+def _check_name(registry, name: str, field: str) -> None:
+    if name not in registry:
+        raise UserError(f"{field}: {registry.unknown_message(name)}")
+
+
+def _check_kwargs(registry, name: str, kwargs: dict, field: str, skip: tuple = ()) -> None:
+    try:
+        registry.check_kwargs(name, kwargs, field=field, skip=skip)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+
+
+def _validate_run(cfg: Config) -> None:
+    run = cfg.run
+    _need(run.steps >= 1, f"run.steps ({run.steps}) must be >= 1: it is the number of training iterations")
+    _need(run.device in ("auto", "cpu", "cuda"), f"run.device ({run.device!r}) must be auto, cpu or cuda")
+    _need(run.mixed_precision in ("no", "bf16", "fp16"),
+          f"run.mixed_precision ({run.mixed_precision!r}) must be no, bf16 or fp16")
+    _need(run.checkpoint_every >= 0, f"run.checkpoint_every ({run.checkpoint_every}) must be >= 0 (0: only at the end)")
+    _need(run.keep_last >= 1, f"run.keep_last ({run.keep_last}) must be >= 1 so a resume point always exists")
+    _need(run.log_every >= 1, f"run.log_every ({run.log_every}) must be >= 1")
+    _need(run.gallery_every >= 0, f"run.gallery_every ({run.gallery_every}) must be >= 0 (0: first and last step)")
+    _need(run.max_bad_steps >= 1, f"run.max_bad_steps ({run.max_bad_steps}) must be >= 1")
+    for t in run.trackers:
+        _need(t in ("tensorboard", "wandb"), f"run.trackers: unknown tracker {t!r}; choose from tensorboard, wandb")
+    if run.resume not in ("auto", "never"):
+        _need(Path(run.resume).is_dir(), f"run.resume ({run.resume!r}) is neither auto, never nor an existing "
+                                         f"checkpoint directory; pass one of those")
+    _check_output_dir(run.output_dir)
+
+
+def _check_output_dir(path: str) -> None:
+    p = Path(path)
+    probe = p
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"run.output_dir ({path!r}): {str(probe)!r} is a file, not a directory; choose another path")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UserError(f"run.output_dir ({path!r}) is not writable ({str(probe)!r} denies writing); "
+                        f"choose a directory you can write to, e.g. run.output_dir=runs/my_run")
+
+
+def _validate_sample(cfg: Config) -> None:
+    s = cfg.sample
+    _need(s.group_size >= 1, f"sample.group_size ({s.group_size}) must be >= 1: it is the number of samples per "
+                             f"prompt; GRPO needs at least 2")
+    _need(s.batch_size >= 1, f"sample.batch_size ({s.batch_size}) must be >= 1 samples per step")
+    if s.batch_size % s.group_size:
+        lo = max(s.group_size, s.batch_size // s.group_size * s.group_size)
+        raise UserError(f"sample.batch_size ({s.batch_size}) must be divisible by sample.group_size "
+                        f"({s.group_size}): each prompt needs a full group. Use batch_size={lo} or "
+                        f"{lo + s.group_size}, or change group_size")
+    _need(s.max_refill_rounds >= 0, f"sample.max_refill_rounds ({s.max_refill_rounds}) must be >= 0")
+    _need(not s.refill or s.filter_zero_std,
+          "sample.refill=true needs sample.filter_zero_std=true: refilling replaces the groups the filter drops")
+    _check_name(sampling.SAMPLERS, s.sampler, "sample.sampler")
+    _check_kwargs(sampling.SAMPLERS, s.sampler, s.sampler_kwargs, "sample.sampler_kwargs",
+                  skip=("num_prompts", "seed"))
+
+
+def _validate_algo(cfg: Config) -> None:
+    a, s = cfg.algo, cfg.sample
+    _check_name(advantages.ADVANTAGES, a.advantage, "algo.advantage")
+    _check_kwargs(advantages.ADVANTAGES, a.advantage, a.advantage_kwargs, "algo.advantage_kwargs",
+                  skip=("rewards", "progress"))
+    if s.group_size == 1 and a.advantage_kwargs.get("std", "group") == "group" and \
+            a.advantage_kwargs.get("singleton", "zero") == "zero":
+        raise UserError(f"sample.group_size=1 with algo.advantage={a.advantage!r} normalises each sample against "
+                        f"itself, so every advantage is 0 and nothing learns; use sample.group_size>=2")
+    _check_name(losses.POLICY_LOSSES, a.loss, "algo.loss")
+    _check_kwargs(losses.POLICY_LOSSES, a.loss, a.loss_kwargs, "algo.loss_kwargs",
+                  skip=("logp", "old_logp", "adv", "mask", "group_size"))
+    if "group_size" in inspect.signature(losses.POLICY_LOSSES.get(a.loss)).parameters:
+        _need(a.micro_batch_size % s.group_size == 0,
+              f"algo.micro_batch_size ({a.micro_batch_size}) must be a multiple of sample.group_size "
+              f"({s.group_size}) for algo.loss={a.loss!r}, which normalises within whole groups")
+    _check_name(losses.AGGREGATIONS, a.aggregation, "algo.aggregation")
+    _check_name(losses.KL, a.kl_kind, "algo.kl_kind")
+    _need(a.norm_len is None or a.norm_len >= 1, f"algo.norm_len ({a.norm_len}) must be >= 1 or null")
+    _need(a.kl_coef >= 0, f"algo.kl_coef ({a.kl_coef}) must be >= 0 (0 disables the KL penalty)")
+    _need(a.inner_epochs >= 1, f"algo.inner_epochs ({a.inner_epochs}) must be >= 1")
+    _need(a.micro_batch_size >= 1, f"algo.micro_batch_size ({a.micro_batch_size}) must be >= 1 samples")
+    _need(1 <= a.num_minibatches <= s.batch_size,
+          f"algo.num_minibatches ({a.num_minibatches}) must be between 1 and sample.batch_size ({s.batch_size})")
+
+
+def _validate_optim(cfg: Config) -> None:
+    o = cfg.optim
+    _need(o.lr > 0, f"optim.lr ({o.lr}) must be > 0, e.g. optim.lr=1e-4")
+    _need(o.weight_decay >= 0, f"optim.weight_decay ({o.weight_decay}) must be >= 0")
+    _need(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
+          f"optim.betas ({o.betas}) must be two numbers in [0, 1), e.g. [0.9, 0.999]")
+    _need(o.grad_clip >= 0, f"optim.grad_clip ({o.grad_clip}) must be >= 0 (0 disables clipping)")
+    _need(o.schedule in ("constant", "linear", "cosine"),
+          f"optim.schedule ({o.schedule!r}) must be constant, linear or cosine")
+    _need(o.warmup_steps >= 0, f"optim.warmup_steps ({o.warmup_steps}) must be >= 0")
+    _need(0 <= o.ema_decay < 1, f"optim.ema_decay ({o.ema_decay}) must be in [0, 1) (0 disables the EMA)")
+
+
+def _validate_components(cfg: Config) -> None:
+    load_plugins()
+    _check_name(PIPELINES, cfg.pipeline.name, "pipeline.name")
+    _check_kwargs(PIPELINES, cfg.pipeline.name, cfg.pipeline.kwargs, "pipeline.kwargs", skip=RESERVED_BUILD_KWARGS)
+    import rewards
+
+    known = rewards.names()
+    for i, spec in enumerate(cfg.rewards):
+        where = f"rewards[{i}].name"
+        if spec.name.startswith(("http://", "https://")):
+            continue
+        if spec.name not in known:
+            raise UserError(f"{where}: unknown reward {spec.name!r}; choose from: {', '.join(known)}")
+
+
+def validate(cfg: Config) -> None:
+    """Raise UserError on the first invalid field; cheap (no model is loaded)."""
+    _validate_run(cfg)
+    _validate_sample(cfg)
+    _validate_algo(cfg)
+    _validate_optim(cfg)
+    _validate_components(cfg)

@@ -1,0 +1,6 @@
+"""Pipelines turn models into the core's `Policy` (rollout / log-prob interface) and register their builders.
+
+Importing this package must stay light: heavy libraries (diffusers, transformers) are imported inside builders.
+"""
+
+import pipelines.toy  # noqa: F401  registers "toy_count"

@@ -1,0 +1,106 @@
+"""Tiny random reward models saved in the real on-disk formats, for tests and offline smoke runs (no download).
+
+Each builder writes a directory (or file) that the matching reward loads through its normal loading code.
+"""
+
+import gzip
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import torch
+
+TINY_OPEN_CLIP = "mmgrpo-tiny-clip"
+
+
+def _bytes_to_unicode() -> list[str]:
+    """GPT-2/CLIP byte -> printable unicode table (the 256 base symbols of byte-level BPE)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs, n = bs[:], 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return [chr(c) for _, c in sorted(zip(bs, cs))]
+
+
+def write_clip_tokenizer(out_dir: str | os.PathLike, n_merges: int = 200) -> int:
+    """Write the real CLIP BPE (open_clip's bundled vocab, first `n_merges` merges) as vocab.json + merges.txt.
+
+    Returns the vocabulary size (512 byte symbols + merges + 2 specials; bos = V-2, eos = V-1).
+    """
+    spec = importlib.util.find_spec("open_clip")
+    bpe = Path(spec.submodule_search_locations[0]) / "bpe_simple_vocab_16e6.txt.gz"
+    lines = gzip.open(bpe).read().decode("utf-8").split("\n")[1: 1 + n_merges]
+    merges = [tuple(m.split()) for m in lines]
+    base = _bytes_to_unicode()
+    tokens = base + [b + "</w>" for b in base] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
+    (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n")
+    return len(tokens)
+
+
+def clip_tokenizer(out_dir: str | os.PathLike, n_merges: int = 200):
+    from transformers import CLIPTokenizer
+
+    write_clip_tokenizer(out_dir, n_merges)
+    return CLIPTokenizer(str(Path(out_dir) / "vocab.json"), str(Path(out_dir) / "merges.txt"))
+
+
+def tiny_hf_clip(out_dir: str | os.PathLike, *, image_size: int = 32, projection_dim: int = 16) -> str:
+    """A random transformers CLIPModel + CLIPProcessor (real CLIP BPE, 200 merges) saved with save_pretrained."""
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+
+    tok = clip_tokenizer(out_dir)
+    v = len(tok)
+    cfg = CLIPConfig(
+        text_config=dict(vocab_size=v, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
+                         num_attention_heads=2, max_position_embeddings=77, bos_token_id=v - 2, eos_token_id=v - 1,
+                         pad_token_id=v - 1),
+        vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=image_size, patch_size=8),
+        projection_dim=projection_dim,
+    )
+    torch.manual_seed(0)
+    CLIPModel(cfg).eval().save_pretrained(out_dir)
+    image_proc = CLIPImageProcessor(size={"shortest_edge": image_size},
+                                    crop_size={"height": image_size, "width": image_size})
+    CLIPProcessor(image_processor=image_proc, tokenizer=tok).save_pretrained(out_dir)
+    return str(out_dir)
+
+
+def tiny_aesthetic_head(path: str | os.PathLike, in_dim: int = 16) -> str:
+    """A random LAION aesthetic MLP head state dict (keys layers.{0,2,4,6,7}.*) saved with torch.save."""
+    from rewards.clip_family import AestheticMLP
+
+    torch.manual_seed(1)
+    torch.save(AestheticMLP(in_dim).state_dict(), path)
+    return str(path)
+
+
+def register_tiny_open_clip(image_size: int = 32) -> str:
+    """Register a 1.6M-parameter open_clip architecture under TINY_OPEN_CLIP (full CLIP vocab, width 32)."""
+    import open_clip
+
+    open_clip.factory._MODEL_CONFIGS[TINY_OPEN_CLIP] = dict(
+        embed_dim=32,
+        vision_cfg=dict(image_size=image_size, layers=2, width=32, head_width=16, patch_size=8),
+        text_cfg=dict(context_length=77, vocab_size=49408, width=32, heads=2, layers=2),
+    )
+    return TINY_OPEN_CLIP
+
+
+def tiny_open_clip_checkpoint(path: str | os.PathLike, *, wrap: bool = True) -> str:
+    """Save a random tiny open_clip model; wrap=True stores {"state_dict": ...} as the HPS checkpoints do."""
+    import open_clip
+
+    register_tiny_open_clip()
+    torch.manual_seed(2)
+    model = open_clip.create_model(TINY_OPEN_CLIP, pretrained=None)
+    sd = model.state_dict()
+    torch.save({"state_dict": sd} if wrap else sd, path)
+    return str(path)

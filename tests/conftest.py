@@ -1,0 +1,20 @@
+"""Shared pytest setup: offline hub, deterministic torch, small thread count for the 2-core CI machine."""
+
+import os
+
+# must precede any huggingface_hub import: offline calls fail at once instead of retrying DNS for minutes
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield
