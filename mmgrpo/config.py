@@ -183,7 +183,7 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise UserError(f"{where}: expected a list, got {value!r}; write it as [a, b] in YAML")
         (item,) = typing.get_args(tp) or (Any,)
-        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [_coerce(v, item, f"{where}.{i}") for i, v in enumerate(value)]
     if tp is dict or origin is dict:
         if value is None:
             return {}
@@ -192,6 +192,12 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         return dict(value)
     if tp is Any:
         return value
+    if tp is float and isinstance(value, str):
+        # PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; accept it as the number it means
+        try:
+            return float(value)
+        except ValueError:
+            pass
     ok = {
         bool: isinstance(value, bool),
         int: isinstance(value, int) and not isinstance(value, bool),
@@ -225,20 +231,24 @@ def _build(cls: type, data: Any, where: str) -> Any:
 def _set_path(tree: dict, dotted: str, value: Any) -> None:
     parts = dotted.split(".")
     node: Any = tree
-    for i, part in enumerate(parts[:-1]):
-        key: Any = int(part) if isinstance(node, list) and part.isdigit() else part
+    for i, part in enumerate(parts):
+        here = ".".join(parts[:i])
+        key: Any = part
         if isinstance(node, list):
-            if not isinstance(key, int) or key >= len(node):
-                raise UserError(f"override {dotted!r}: {'.'.join(parts[:i])} has {len(node)} items; "
-                                f"use an index below {len(node)}")
-        elif key not in node or node[key] is None:
-            node[key] = {}
+            if not part.isdigit() or int(part) >= len(node):
+                fix = f"use an index in 0..{len(node) - 1} or set" if node else "it is empty, so set"
+                raise UserError(f"override {dotted!r}: {part!r} is not an index of {here} ({len(node)} item(s)); "
+                                f"{fix} the whole list, e.g. {here}=[...]")
+            key = int(part)
+        elif not isinstance(node, dict):
+            raise UserError(f"override {dotted!r}: {here} is the value {node!r}, not a section with keys; "
+                            f"override it as {here}=<value>")
+        if i == len(parts) - 1:
+            node[key] = value
+            return
+        if isinstance(node, dict) and node.get(key) is None:
+            node[key] = [] if parts[i + 1].isdigit() else {}
         node = node[key]
-    last = parts[-1]
-    if isinstance(node, list):
-        node[int(last)] = value
-    else:
-        node[last] = value
 
 
 def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
@@ -267,9 +277,13 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
         try:
             tree = yaml.safe_load(p.read_text()) or {}
         except yaml.YAMLError as err:
-            raise UserError(f"config file {str(path)!r} is not valid YAML: {' '.join(str(err).split())}") from None
+            mark = getattr(err, "problem_mark", None)
+            at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            why = getattr(err, "problem", None) or " ".join(str(err).split())
+            raise UserError(f"config file {str(path)!r} is not valid YAML{at}: {why}; fix the syntax there") from None
         if not isinstance(tree, dict):
-            raise UserError(f"config file {str(path)!r} must hold a mapping of sections (run, sample, algo...)")
+            raise UserError(f"config file {str(path)!r} must hold a mapping of sections (run, sample, algo...), "
+                            f"not a {type(tree).__name__}; start it with e.g. `run:` on its own line")
     for key, value in parse_overrides(list(overrides)):
         _set_path(tree, key, value)
     cfg = _build(Config, tree, "")

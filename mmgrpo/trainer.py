@@ -107,22 +107,27 @@ def update(run: Run, batch: Batch, adv: Tensor, use: Tensor, step: int) -> tuple
     ref = _reference(run, batch)
     acc_metrics, ok = _Acc(), True
     n = batch.rollout.num_samples
-    g = cfg.sample.group_size
+    g, rank, world = cfg.sample.group_size, acc.process_index, acc.num_processes
+    b_local = n // g
     for epoch in range(a.inner_epochs):
-        # shuffle whole groups: group-level losses (Reg-GRPO) need every group inside one micro-batch
-        groups = torch.randperm(n // g, generator=shuffle_generator(cfg.run.seed, step, epoch))  # [B_local]
+        # shuffle whole groups of the GLOBAL batch with one generator on every rank, so a mini-batch holds the
+        # same samples on any rank count; whole groups because group-level losses (Reg-GRPO) need them
+        groups = torch.randperm(b_local * world, generator=shuffle_generator(cfg.run.seed, step, epoch))  # [B]
         for mb_groups in groups.chunk(a.num_minibatches):
-            mb = (mb_groups[:, None] * g + torch.arange(g)).reshape(-1)  # [n_mb]
+            mine = mb_groups[mb_groups // b_local == rank] - rank * b_local  # this rank's groups
+            mb = (mine[:, None] * g + torch.arange(g)).reshape(-1)  # [n_mb]
             denom = all_sum(acc, losses.denominator(mask[mb], a.aggregation, norm_len=_norm_len(run, mask)).float())
-            micro = mb.split(a.micro_batch_size)
+            # a rank with no group in this mini-batch still joins the synchronised backward, with weight 0
+            micro, scale = (mb.split(a.micro_batch_size), 1.0) if len(mb) else ((torch.arange(g),), 0.0)
             finite = torch.tensor(1.0)
             for j, idx in enumerate(micro):
                 with sync_context(acc, run.model, last=j == len(micro) - 1), acc.autocast():
                     loss, metrics = _loss_for(run, batch, idx, adv, mask, ref, denom)
+                    loss = loss * scale
                     finite = finite * torch.isfinite(loss.detach()).float().cpu()
                     acc.backward(torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0))
                 metrics["loss/policy"] = loss.detach() / acc.num_processes
-                acc_metrics.add(metrics, float(mask[idx].sum()))
+                acc_metrics.add(metrics, float(mask[idx].sum()) * scale)
             ok = _optimizer_step(run, finite, acc_metrics) and ok
     return acc_metrics.means(), ok
 

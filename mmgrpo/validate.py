@@ -126,7 +126,7 @@ def _validate_components(cfg: Config) -> None:
 
     known = rewards.names()
     for i, spec in enumerate(cfg.rewards):
-        where = f"rewards[{i}].name"
+        where = f"rewards.{i}.name"
         if spec.name.startswith(("http://", "https://")):
             continue
         if spec.name not in known:

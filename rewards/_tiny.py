@@ -104,3 +104,52 @@ def tiny_open_clip_checkpoint(path: str | os.PathLike, *, wrap: bool = True) -> 
     sd = model.state_dict()
     torch.save({"state_dict": sd} if wrap else sd, path)
     return str(path)
+
+
+def tiny_blip_imagereward(out_dir: str | os.PathLike) -> str:
+    """A random tiny BlipForImageTextRetrieval + BERT WordPiece tokenizer + MLP head, in ImageReward's dir format."""
+    from transformers import BertTokenizer, BlipConfig, BlipForImageTextRetrieval
+
+    from rewards.clip_family import AestheticMLP
+    from rewards.imagereward import save_pretrained
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    words = "a an the cat dog red blue green photo of on in with sign says open".split()
+    chars = list("abcdefghijklmnopqrstuvwxyz0123456789")
+    (out / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words + chars) + "\n")
+    tok = BertTokenizer(str(out / "vocab.txt"))
+    cfg = BlipConfig(
+        vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2,
+                           image_size=32, patch_size=8, layer_norm_eps=1e-6),
+        text_config=dict(vocab_size=len(tok), hidden_size=24, encoder_hidden_size=32, intermediate_size=37,
+                         num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=64,
+                         pad_token_id=0, bos_token_id=2, sep_token_id=3),
+    )
+    torch.manual_seed(3)
+    net = BlipForImageTextRetrieval(cfg).eval()
+    save_pretrained(str(out), net, tok, AestheticMLP(24))
+    return str(out)
+
+
+def tiny_trocr(out_dir: str | os.PathLike) -> str:
+    """A random tiny VisionEncoderDecoder (ViT encoder + TrOCR decoder) with a CLIP-BPE tokenizer, save_pretrained."""
+    from transformers import (TrOCRConfig, TrOCRForCausalLM, ViTConfig, ViTImageProcessor, ViTModel,
+                              VisionEncoderDecoderModel)
+
+    tok = clip_tokenizer(out_dir)
+    v = len(tok)
+    enc = ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
+                             image_size=32, patch_size=8))
+    dec = TrOCRForCausalLM(TrOCRConfig(vocab_size=v, d_model=32, decoder_layers=1, decoder_attention_heads=2,
+                                       decoder_ffn_dim=37, max_position_embeddings=64, bos_token_id=v - 2,
+                                       eos_token_id=v - 1, pad_token_id=v - 1, decoder_start_token_id=v - 2))
+    torch.manual_seed(4)
+    model = VisionEncoderDecoderModel(encoder=enc, decoder=dec).eval()
+    model.config.decoder_start_token_id, model.config.pad_token_id, model.config.eos_token_id = v - 2, v - 1, v - 1
+    model.generation_config.decoder_start_token_id = v - 2
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = v - 1, v - 1
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(out_dir)
+    return str(out_dir)

@@ -127,8 +127,8 @@ class HFClipReward(ClipReward):
             net = CLIPModel.from_pretrained(model)
         self.model = net.to(self.device, self.dtype).eval().requires_grad_(False)
         ip = self.processor.image_processor
-        crop = ip.crop_size if isinstance(ip.crop_size, dict) else {"height": ip.crop_size}
-        self.image_size = int(crop["height"])
+        crop = ip.crop_size  # a dict in transformers 4, a SizeDict in 5, an int in old configs
+        self.image_size = int(crop if isinstance(crop, int) else getattr(crop, "height", None) or crop["height"])
         self.mean, self.std = tuple(ip.image_mean), tuple(ip.image_std)
 
     def processor_pixels(self, images):

@@ -1,0 +1,44 @@
+"""ShapesWorld: an offline world with verifiable rewards (GenEval-style T2I prompts, VQA, temporal grounding).
+
+Scenes and prompts live in `scenes`, the detector and rewards in `verifier`, questions in `vqa`, clips in `video`.
+"""
+
+from pipelines.shapes.scenes import (
+    CATEGORIES,
+    COLORS,
+    SHAPES,
+    SPLITS,
+    ObjectSpec,
+    PromptSpec,
+    Scene,
+    SceneObject,
+    ground_truth_scenes,
+    list_prompts,
+    parse_prompt,
+    prompts_by_category,
+    random_scene,
+    render,
+    split_of,
+)
+from pipelines.shapes.verifier import detect, score, verify
+
+__all__ = [
+    "CATEGORIES",
+    "COLORS",
+    "SHAPES",
+    "SPLITS",
+    "ObjectSpec",
+    "PromptSpec",
+    "Scene",
+    "SceneObject",
+    "detect",
+    "ground_truth_scenes",
+    "list_prompts",
+    "parse_prompt",
+    "prompts_by_category",
+    "random_scene",
+    "render",
+    "score",
+    "split_of",
+    "verify",
+]

@@ -202,7 +202,7 @@ def all_specs(category: str | None = None) -> list[PromptSpec]:
     return out[category] if category else [s for c in CATEGORIES for s in out[c]]
 
 
-def _stable_hash(text: str) -> int:
+def stable_hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
 
 
@@ -212,7 +212,7 @@ def _split_table() -> dict[str, str]:
     # every split gets at least one prompt of every category (single_object has only 3 prompts)
     table = {}
     for cat in CATEGORIES:
-        keys = sorted({canonical_key(s) for s in all_specs(cat)}, key=lambda k: (_stable_hash(k), k))
+        keys = sorted({canonical_key(s) for s in all_specs(cat)}, key=lambda k: (stable_hash(k), k))
         n = len(keys)
         n_val = max(1, round(SPLIT_FRACTIONS[1] * n))
         n_test = max(1, round(SPLIT_FRACTIONS[2] * n))
@@ -228,7 +228,7 @@ def split_of(prompt: str | PromptSpec) -> str:
     table = _split_table()
     if key in table:
         return table[key]
-    u = (_stable_hash(key) % 10_000) / 10_000  # prompts outside the built-in grammar: plain hash threshold
+    u = (stable_hash(key) % 10_000) / 10_000  # prompts outside the built-in grammar: plain hash threshold
     return "train" if u < SPLIT_FRACTIONS[0] else "val" if u < SPLIT_FRACTIONS[0] + SPLIT_FRACTIONS[1] else "test"
 
 
@@ -263,7 +263,7 @@ def relation_holds(a_xy, a_ext, b_xy, b_ext, relation: str, *, threshold: float 
     dx, dy = b_xy[0] - a_xy[0], b_xy[1] - a_xy[1]
     along = dx * axis[0] + dy * axis[1]
     k = 0 if axis[0] else 1
-    return along > threshold * (a_ext[k] + b_ext[k]) and along >= 0.5 * float(np.hypot(dx, dy))
+    return bool(along > threshold * (a_ext[k] + b_ext[k]) and along >= 0.5 * float(np.hypot(dx, dy)))
 
 
 def _place(rng: np.random.Generator, kinds: list[tuple[str, str]], size_range, relation: str | None):
@@ -326,7 +326,7 @@ def ground_truth_scenes(
 ) -> list[Scene]:
     """`n` ground-truth scenes for a prompt; the same (prompt, seed) always gives the same scenes, in any order."""
     spec = parse_prompt(prompt) if isinstance(prompt, str) else prompt
-    rng = np.random.default_rng([seed, _stable_hash(spec.prompt)])
+    rng = np.random.default_rng([seed, stable_hash(spec.prompt)])
     return [
         Scene(sample_scene(spec, rng, resolution=resolution, size_range=size_range).objects, spec, resolution, seed)
         for _ in range(n)

@@ -1,0 +1,254 @@
+"""ShapesWorld video: seeded clips of shapes that appear, move and disappear, their ground-truth event timeline,
+Charades-STA-style grounding queries and video QA, and mp4 writing (PyAV) / reading (PyAV or decord).
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from pipelines.shapes.scenes import COLORS, MARGIN, SHAPES, Scene, SceneObject, boxes_apart, render, stable_hash
+
+DIRECTIONS = {"right": (1.0, 0.0), "left": (-1.0, 0.0), "down": (0.0, 1.0), "up": (0.0, -1.0)}
+VIDEO_TYPES = ("grounding", "direction", "order", "count")
+
+
+@dataclass(frozen=True)
+class Track:
+    """One object's life in a clip: visible on frames [appear, disappear); moves `direction` on [move_start,
+    move_end] frames, linearly from `start` to `end` (centres, fractions of the side)."""
+
+    shape: str
+    color: str
+    size: float
+    appear: int
+    disappear: int
+    start: tuple[float, float]
+    end: tuple[float, float]
+    direction: str
+    move_start: int
+    move_end: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.color} {self.shape}"
+
+    def center(self, frame: int) -> tuple[float, float]:
+        u = np.clip((frame - self.move_start) / max(self.move_end - self.move_start, 1), 0.0, 1.0)
+        return (
+            float(self.start[0] + u * (self.end[0] - self.start[0])),
+            float(self.start[1] + u * (self.end[1] - self.start[1])),
+        )
+
+    def visible(self, frame: int) -> bool:
+        return self.appear <= frame < self.disappear
+
+
+@dataclass(frozen=True)
+class Clip:
+    """A clip: tracks, `num_frames` frames at `fps` (frame i is shown over [i / fps, (i + 1) / fps) seconds)."""
+
+    tracks: tuple[Track, ...]
+    num_frames: int = 24
+    fps: int = 4
+    resolution: int = 64
+
+    @property
+    def duration(self) -> float:
+        return self.num_frames / self.fps
+
+    def scene(self, frame: int) -> Scene:
+        objs = [
+            SceneObject(t.shape, t.color, *t.center(frame), t.size) for t in self.tracks if t.visible(frame)
+        ]
+        return Scene(tuple(objs), None, self.resolution)
+
+    def frames(self) -> np.ndarray:
+        """uint8 [T, H, W, 3]."""
+        return np.stack([render(self.scene(i)) for i in range(self.num_frames)])
+
+    def timeline(self) -> list[dict]:
+        """Ground-truth events sorted by time: dict(object, event, start, end, start_frame, end_frame), seconds.
+
+        "appears" at frame a is at a / fps; "disappears" at the first invisible frame d is at d / fps; "moves
+        <dir>" spans [move_start / fps, move_end / fps] (the object is still between those frames outside it).
+        """
+        ev = []
+        for t in self.tracks:
+            ev.append(dict(object=t.name, event="appears", start_frame=t.appear, end_frame=t.appear))
+            ev.append(dict(object=t.name, event=f"moves {t.direction}", start_frame=t.move_start, end_frame=t.move_end))
+            if t.disappear < self.num_frames:
+                ev.append(dict(object=t.name, event="disappears", start_frame=t.disappear, end_frame=t.disappear))
+        for e in ev:
+            e["start"], e["end"] = e["start_frame"] / self.fps, e["end_frame"] / self.fps
+        return sorted(ev, key=lambda e: (e["start"], e["end"], e["object"]))
+
+
+def _track(rng: np.random.Generator, shape: str, color: str, num_frames: int, size_range) -> Track | None:
+    size = float(rng.uniform(*size_range))
+    appear = 0 if rng.random() < 0.4 else int(rng.integers(1, num_frames // 3))
+    move_start = appear + int(rng.integers(1, 4))
+    move_end = move_start + int(rng.integers(4, 9))
+    if move_end >= num_frames - 1:
+        return None
+    last = num_frames if rng.random() < 0.5 else int(rng.integers(move_end + 2, num_frames + 1))
+    direction = list(DIRECTIONS)[int(rng.integers(4))]
+    dist = float(rng.uniform(0.25, 0.45))
+    lo, hi = size + 0.02, 1 - size - 0.02
+    dx, dy = DIRECTIONS[direction]
+    # the start is drawn so that the whole path stays inside the frame
+    x0 = rng.uniform(lo - min(dx, 0) * dist, hi - max(dx, 0) * dist)
+    y0 = rng.uniform(lo - min(dy, 0) * dist, hi - max(dy, 0) * dist)
+    if not (lo <= x0 <= hi and lo <= y0 <= hi):
+        return None
+    start = (float(x0), float(y0))
+    end = (float(x0 + dx * dist), float(y0 + dy * dist))
+    return Track(shape, color, size, appear, min(last, num_frames), start, end, direction, move_start, move_end)
+
+
+def _apart(a: Track, b: Track, num_frames: int) -> bool:
+    for f in range(num_frames):
+        if a.visible(f) and b.visible(f):
+            oa = SceneObject(a.shape, a.color, *a.center(f), a.size)
+            ob = SceneObject(b.shape, b.color, *b.center(f), b.size)
+            if not boxes_apart(oa, ob, MARGIN):
+                return False
+    return True
+
+
+def sample_clip(
+    rng: np.random.Generator,
+    *,
+    n_objects: int | None = None,
+    num_frames: int = 24,
+    fps: int = 4,
+    resolution: int = 64,
+    size_range: tuple[float, float] = (0.1, 0.15),
+) -> Clip:
+    """A random clip of 1-3 objects with distinct colours and shapes; each appears, moves once, maybe disappears.
+
+    Objects never overlap on any frame (boxes stay MARGIN apart); sizes are fractions of the side.
+    """
+    if not 16 <= num_frames <= 64:
+        raise ValueError(f"num_frames={num_frames} is outside [16, 64]; clips need room for appear/move/disappear")
+    n = int(rng.integers(1, 4)) if n_objects is None else n_objects
+    if not 1 <= n <= len(SHAPES):
+        raise ValueError(f"n_objects={n} must be in [1, {len(SHAPES)}]: each object has its own shape")
+    for _ in range(500):
+        shapes = rng.permutation(len(SHAPES))[:n]
+        colors = rng.permutation(len(COLORS))[:n]
+        tracks: list[Track] = []
+        for s, c in zip(shapes, colors):
+            t = _track(rng, SHAPES[int(s)], list(COLORS)[int(c)], num_frames, size_range)
+            if t is None or not all(_apart(t, o, num_frames) for o in tracks):
+                break
+            tracks.append(t)
+        if len(tracks) == n:
+            return Clip(tuple(tracks), num_frames, fps, resolution)
+    raise ValueError(f"could not place {n} moving objects of size_range {size_range}; use fewer or smaller ones")
+
+
+def clip_questions(clip: Clip) -> dict[str, list[tuple[str, object]]]:
+    """Every (question, answer) a clip supports, by type; grounding answers are [start, end] in seconds."""
+    tl = clip.timeline()
+    qa: dict[str, list[tuple[str, object]]] = {k: [] for k in VIDEO_TYPES}
+    for e in tl:
+        if e["event"].startswith("moves"):
+            qa["grounding"].append((f"When does the {e['object']} move {e['event'][6:]}?", [e["start"], e["end"]]))
+    for t in clip.tracks:
+        qa["grounding"].append((f"When is the {t.name} visible?", [t.appear / clip.fps, t.disappear / clip.fps]))
+        qa["direction"].append((f"In which direction does the {t.name} move?", t.direction))
+    for a in clip.tracks:
+        for b in clip.tracks:
+            # "which first" only when the two events are at least two frames apart
+            if a is not b and b.appear - a.appear >= 2:
+                qa["order"].append((f"Which appears first, the {a.name} or the {b.name}?", a.name))
+                qa["order"].append((f"Which appears first, the {b.name} or the {a.name}?", a.name))
+            if a is not b and b.move_start - a.move_start >= 2:
+                qa["order"].append((f"Which starts moving first, the {b.name} or the {a.name}?", a.name))
+    qa["count"].append(("How many different objects appear in the video?", str(len(clip.tracks))))
+    return qa
+
+
+def write_mp4(path: str | Path, frames: np.ndarray, fps: int, *, codec: str = "libx264", crf: int = 10) -> str:
+    """Write uint8 [T, H, W, 3] frames as an mp4 (yuv420p) with PyAV; falls back to mpeg4 without libx264.
+
+    Returns the codec used. H and W must be even (yuv420p).
+    """
+    import av
+
+    frames = np.asarray(frames)
+    if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
+        raise ValueError(f"frames must be uint8 [T, H, W, 3], got {frames.dtype} {frames.shape}")
+    if frames.shape[1] % 2 or frames.shape[2] % 2:
+        raise ValueError(f"frame size {frames.shape[1:3]} must be even for yuv420p; use 32 or 64 px")
+    try:
+        av.codec.Codec(codec, "w")
+    except Exception:  # noqa: BLE001 - PyAV raises several types for a missing encoder
+        codec = "mpeg4"
+    with av.open(str(path), mode="w") as container:
+        stream = container.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
+        stream.options = {"crf": str(crf)} if codec == "libx264" else {"qscale": "2"}
+        for frame in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return codec
+
+
+def read_mp4(path: str | Path, *, backend: str = "av") -> tuple[np.ndarray, float]:
+    """Decode all frames of an mp4 to uint8 [T, H, W, 3] and its fps, with PyAV ("av") or decord ("decord")."""
+    if backend == "decord":
+        from decord import VideoReader, cpu
+
+        vr = VideoReader(str(path), ctx=cpu(0))
+        return vr.get_batch(list(range(len(vr)))).asnumpy(), float(vr.get_avg_fps())
+    if backend != "av":
+        raise ValueError(f"backend {backend!r} is unknown; choose 'av' or 'decord'")
+    import av
+
+    with av.open(str(path)) as container:
+        stream = container.streams.video[0]
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
+        return np.stack(frames), float(stream.average_rate)
+
+
+def make_video_set(
+    split: str,
+    n: int,
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    num_frames: int = 24,
+    fps: int = 4,
+    resolution: int = 64,
+    types: tuple[str, ...] = VIDEO_TYPES,
+) -> Path:
+    """Write `n` clips as `<out_dir>/videos/<id>.mp4` and one question per clip to `<out_dir>/<split>.jsonl`.
+
+    Rows: video (relative path), question, answer ([start, end] seconds for grounding, else a string), type,
+    split, id, duration, fps, num_frames, timeline. Splits use disjoint seeds (hash of the split name).
+    Returns the JSONL path.
+    """
+    bad = [t for t in types if t not in VIDEO_TYPES]
+    if bad or not types:
+        raise ValueError(f"types {types!r} must be a non-empty subset of {VIDEO_TYPES}")
+    rng = np.random.default_rng([seed, stable_hash("video/" + split)])
+    out = Path(out_dir)
+    (out / "videos").mkdir(parents=True, exist_ok=True)
+    path = out / f"{split}.jsonl"
+    with open(path, "w") as f:
+        for i in range(n):
+            clip = sample_clip(rng, num_frames=num_frames, fps=fps, resolution=resolution)
+            qas = {t: q for t, q in clip_questions(clip).items() if t in types and q}
+            kind = sorted(qas)[int(rng.integers(len(qas)))]
+            question, answer = qas[kind][int(rng.integers(len(qas[kind])))]
+            rid = f"{split}-{i:05d}"
+            write_mp4(out / "videos" / f"{rid}.mp4", clip.frames(), fps)
+            row = dict(video=f"videos/{rid}.mp4", question=question, answer=answer, type=kind, split=split, id=rid)
+            row.update(duration=clip.duration, fps=fps, num_frames=num_frames, timeline=clip.timeline())
+            f.write(json.dumps(row) + "\n")
+    return path

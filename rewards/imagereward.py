@@ -1,0 +1,134 @@
+"""ImageReward (arXiv:2304.05977) on transformers' BLIP: ViT image encoder, cross-attending BERT text encoder, MLP.
+
+Scores a whole batch in one forward (the `image-reward` package loops image by image); loads a transformers-format
+directory or converts the original THUDM/ImageReward `ImageReward.pt` checkpoint on the fly.
+"""
+
+import os
+from typing import Any
+
+import torch
+
+from rewards._hub import autocast, hub_file, loading, parse_device, parse_dtype
+from rewards._images import CLIP_MEAN, CLIP_STD, to_pil_list
+from rewards.api import REWARDS, Reward
+from rewards.clip_family import AestheticMLP
+
+# ImageReward standardises the MLP output with these training-set statistics (ImageReward.py, THUDM)
+IR_MEAN, IR_STD = 0.16717362830052426, 1.0333394966054072
+HEAD_FILE = "imagereward_head.pt"
+
+
+def original_config():
+    """The BLIP config of ImageReward-v1.0: ViT-L/16 at 224 px, BERT-base text encoder cross-attending width 1024."""
+    from transformers import BlipConfig
+
+    return BlipConfig(
+        vision_config=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                           image_size=224, patch_size=16, layer_norm_eps=1e-6),
+        text_config=dict(vocab_size=30524, hidden_size=768, encoder_hidden_size=1024, intermediate_size=3072,
+                         num_hidden_layers=12, num_attention_heads=12, max_position_embeddings=512),
+    )
+
+
+def convert_original_state_dict(sd: dict[str, torch.Tensor]) -> tuple[dict, dict]:
+    """Rename an ImageReward.pt state dict (BLIP timm-ViT + BERT + mlp) to (BlipForImageTextRetrieval, MLP) keys."""
+    vis = {"norm1": "layer_norm1", "norm2": "layer_norm2", "attn.qkv": "self_attn.qkv",
+           "attn.proj": "self_attn.projection", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
+    blip, head = {}, {}
+    for key, value in sd.items():
+        if key.startswith("mlp."):
+            head[key[len("mlp."):]] = value
+        elif key.startswith("blip.text_encoder."):
+            blip["text_encoder." + key[len("blip.text_encoder."):]] = value
+        elif key.startswith("blip.visual_encoder."):
+            k = key[len("blip.visual_encoder."):]
+            if k == "cls_token":
+                blip["vision_model.embeddings.class_embedding"] = value
+            elif k == "pos_embed":
+                blip["vision_model.embeddings.position_embedding"] = value
+            elif k.startswith("patch_embed.proj."):
+                blip["vision_model.embeddings.patch_embedding." + k.split(".")[-1]] = value
+            elif k.startswith("norm."):
+                blip["vision_model.post_layernorm." + k.split(".")[-1]] = value
+            elif k.startswith("blocks."):
+                _, i, rest = k.split(".", 2)
+                sub, leaf = rest.rsplit(".", 1)
+                blip[f"vision_model.encoder.layers.{i}.{vis[sub]}.{leaf}"] = value
+    return blip, head
+
+
+class ImageReward(Reward):
+    input = "image"
+    needs_prompts = True
+
+    def __init__(self, *, model: str, tokenizer: str, device, dtype, batch_size: int, max_length: int,
+                 standardize: bool):
+        from transformers import AutoTokenizer, BlipForImageTextRetrieval
+
+        self.device, self.dtype, self.batch_size = parse_device(device), parse_dtype(dtype), batch_size
+        self.max_length, self.standardize = max_length, standardize
+        if os.path.isdir(model) and os.path.isfile(os.path.join(model, "config.json")):
+            net = BlipForImageTextRetrieval.from_pretrained(model)
+            head_sd = torch.load(os.path.join(model, HEAD_FILE), map_location="cpu", weights_only=True)
+            tok_src = model if os.path.isfile(os.path.join(model, "tokenizer_config.json")) else tokenizer
+        else:
+            path = hub_file(model, "ImageReward.pt", "imagereward", "model")
+            blip_sd, head_sd = convert_original_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+            net = BlipForImageTextRetrieval(original_config())
+            missing, _ = net.load_state_dict(blip_sd, strict=False)
+            needed = [k for k in missing if k.startswith(("vision_model.", "text_encoder.")) and "position_ids" not in k]
+            if needed:
+                raise ValueError(f"{path} is not an ImageReward checkpoint: missing {needed[:3]}...")
+            tok_src = tokenizer
+        with loading(tok_src, "imagereward", "tokenizer"):
+            self.tokenizer = AutoTokenizer.from_pretrained(tok_src)
+        self.mlp = AestheticMLP(net.config.text_config.hidden_size)
+        self.mlp.load_state_dict(head_sd)
+        self.mlp.to(self.device).eval().requires_grad_(False)
+        self.vision = net.vision_model.to(self.device, self.dtype).eval().requires_grad_(False)
+        self.text = net.text_encoder.to(self.device, self.dtype).eval().requires_grad_(False)
+        self.image_size = net.config.vision_config.image_size
+        self.preprocess = (f"bicubic resize shorter side to {self.image_size}, centre crop, CLIP mean/std; prompt "
+                           f"max {max_length} tokens; score = (MLP - {IR_MEAN:.4f}) / {IR_STD:.4f}")
+
+    def pixels(self, images: list[Any]) -> torch.Tensor:
+        """BLIP's eval transform (Resize bicubic, CenterCrop, ToTensor, Normalize) on PIL images."""
+        from torchvision import transforms as T
+
+        tf = T.Compose([T.Resize(self.image_size, interpolation=T.InterpolationMode.BICUBIC),
+                        T.CenterCrop(self.image_size), T.ToTensor(), T.Normalize(CLIP_MEAN, CLIP_STD)])
+        return torch.stack([tf(im) for im in to_pil_list(images)])
+
+    @torch.no_grad()
+    def score(self, samples, prompts):
+        out = []
+        for i in range(0, len(samples), self.batch_size):
+            pix = self.pixels(samples[i: i + self.batch_size]).to(self.device, self.dtype)  # [n, 3, S, S]
+            tok = self.tokenizer(prompts[i: i + self.batch_size], padding="max_length", truncation=True,
+                                 max_length=self.max_length, return_tensors="pt").to(self.device)
+            with autocast(self.device):
+                img = self.vision(pixel_values=pix).last_hidden_state  # [n, P+1, Dv]
+                att = torch.ones(img.shape[:-1], dtype=torch.long, device=self.device)  # [n, P+1]
+                txt = self.text(input_ids=tok["input_ids"], attention_mask=tok["attention_mask"],
+                                encoder_hidden_states=img, encoder_attention_mask=att).last_hidden_state
+            r = self.mlp(txt[:, 0, :].float()).squeeze(-1)  # [n]
+            out.append((r - IR_MEAN) / IR_STD if self.standardize else r)
+        return torch.cat(out)
+
+
+def save_pretrained(reward_dir: str, net, tokenizer, mlp) -> None:
+    """Write the transformers-format directory ImageReward loads: BLIP model, tokenizer and the MLP head."""
+    net.save_pretrained(reward_dir)
+    tokenizer.save_pretrained(reward_dir)
+    torch.save(mlp.state_dict(), os.path.join(reward_dir, HEAD_FILE))
+
+
+@REWARDS.register("imagereward", input="image", range="about [-2.5, 2.5] (standardised)",
+                  paper="ImageReward (arXiv:2304.05977)")
+def imagereward(*, model: str = "THUDM/ImageReward", tokenizer: str = "bert-base-uncased", device: str = "cpu",
+                dtype: Any = torch.float32, batch_size: int = 16, max_length: int = 35,
+                standardize: bool = True) -> Reward:
+    """ImageReward: BLIP image-text cross-encoder + MLP, batched; a transformers dir or the original ImageReward.pt."""
+    return ImageReward(model=model, tokenizer=tokenizer, device=device, dtype=dtype, batch_size=batch_size,
+                       max_length=max_length, standardize=standardize)
