@@ -8,6 +8,7 @@ import dataclasses
 import difflib
 import inspect
 import os
+import re
 import textwrap
 import types
 import typing
@@ -152,6 +153,30 @@ class Config:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
+class _Yaml12Loader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 scalars: `no`/`off`/`yes` stay strings (mixed_precision: no), 1e-4 is a float
+    and dates stay strings; PyYAML's YAML 1.1 defaults read `no` as False and `1e-4` as text."""
+
+
+_REPLACED_TAGS = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp")
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in _REPLACED_TAGS]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
+                                    list("tTfF"))
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def yaml_load(text: str) -> Any:
+    """Parse YAML as recipes and overrides mean it (1.2 scalars: see _Yaml12Loader)."""
+    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506  (a SafeLoader subclass)
+
+
 @cache
 def field_docs(cls: type) -> dict[str, str]:
     """Attribute docstrings of a dataclass (the string right after each field), read from its source."""
@@ -192,12 +217,6 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         return dict(value)
     if tp is Any:
         return value
-    if tp is float and isinstance(value, str):
-        # PyYAML follows YAML 1.1, which reads 1e-4 (no dot) as a string; accept it as the number it means
-        try:
-            return float(value)
-        except ValueError:
-            pass
     ok = {
         bool: isinstance(value, bool),
         int: isinstance(value, int) and not isinstance(value, bool),
@@ -259,7 +278,7 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
             raise UserError(f"override {item!r} is not of the form key.sub=value, e.g. algo.kl_coef=0.01")
         key, raw = item.split("=", 1)
         try:
-            value = yaml.safe_load(raw) if raw != "" else ""
+            value = yaml_load(raw) if raw != "" else ""
         except yaml.YAMLError:
             value = raw
         out.append((key.strip(), value))
@@ -275,7 +294,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
             raise UserError(f"config file {str(path)!r} does not exist; pass a YAML recipe such as "
                             f"configs/toy_count.yaml")
         try:
-            tree = yaml.safe_load(p.read_text()) or {}
+            tree = yaml_load(p.read_text()) or {}
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

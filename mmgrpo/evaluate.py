@@ -96,4 +96,4 @@ def sample(cfg: Config, ckpt: str | None, out_dir: str, *, num_prompts: int = 4,
     else:
         items = [{"prompt": str(records[i // group_size].get("prompt")), "text": str(s), "reward": float(r)}
                  for i, (s, r) in enumerate(zip(rollout.samples, total.tolist()))]
-    return save_gallery(Path(out_dir), 0, items)
+    return save_gallery(Path(out_dir), items)

@@ -1,6 +1,6 @@
 """Name registries: one per kind of component (advantage estimators, losses, samplers, rewards, SDE steps...).
 
-Every registry gives the same `names()`, the same unknown-name error and the same keyword check; nothing else lives here.
+Every registry gives the same `names()`, the same unknown-name error and the same keyword check; nothing else here.
 """
 
 import difflib

@@ -68,9 +68,11 @@ def write_report(run_dir: Path, config_yaml: str) -> Path:
         for k in time_keys)
     last = rows[-1] if rows else {}
     summary = "".join(f"<tr><td>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in last.items())
-    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>mmgrpo report: {html.escape(run_dir.name)}</title>
+    title = html.escape(run_dir.name)
+    page = f"""<!doctype html><html><head><meta charset="utf-8"><title>mmgrpo report: {title}</title>
 <style>body{{font-family:sans-serif;margin:2em}} .grid{{display:flex;flex-wrap:wrap;gap:8px}}
-.cell{{border:1px solid #ccc;padding:4px;width:160px;font-size:11px}} td{{padding:2px 8px}} pre{{white-space:pre-wrap}}</style>
+.cell{{border:1px solid #ccc;padding:4px;width:160px;font-size:11px}} td{{padding:2px 8px}}
+pre{{white-space:pre-wrap}}</style>
 </head><body><h1>mmgrpo run {html.escape(str(run_dir))}</h1><p>{len(rows)} logged steps</p>
 <h2>Curves</h2>{imgs or '<p>no metrics</p>'}<h2>Samples (first and last gallery)</h2>{gal or '<p>no gallery</p>'}
 <h2>Mean seconds per phase</h2><table>{timing}</table><h2>Last step</h2><table>{summary}</table>

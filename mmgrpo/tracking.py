@@ -25,7 +25,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 
 
 class MetricsLog:
-    """Append-only metrics.jsonl; on resume rows after the checkpoint's step are dropped so nothing is counted twice."""
+    """Append-only metrics.jsonl; on resume, rows after the checkpoint's step are dropped (nothing counted twice)."""
 
     def __init__(self, run_dir: Path, accelerator=None, resume_step: int | None = None):
         self.path = run_dir / "metrics.jsonl"
@@ -62,9 +62,8 @@ def _to_pil(image: Any):
     return Image.fromarray(arr.squeeze(-1) if arr.ndim == 3 and arr.shape[-1] == 1 else arr)
 
 
-def save_gallery(run_dir: Path, step: int, items: list[dict[str, Any]]) -> Path:
-    """Write items under gallery/step_XXXXXXXX/: images as PNG, everything else in items.json."""
-    d = run_dir / "gallery" / f"step_{step:08d}"
+def save_gallery(d: Path, items: list[dict[str, Any]]) -> Path:
+    """Write items into directory d: images as PNG, everything else in items.json."""
     d.mkdir(parents=True, exist_ok=True)
     rows = []
     for i, item in enumerate(items):

@@ -5,6 +5,7 @@ Read `train` top to bottom; set-up, update and saving live in small helpers abov
 
 import inspect
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,8 +166,8 @@ def _nonfinite_rewards(run: Run, batch: Batch) -> str | None:
     if not bad_any:
         return None
     g = run.cfg.sample.group_size
-    where = "; ".join(f"reward {run.reward_set.names[r]!r} on sample {n} (prompt {batch.prompts[n // g].get('prompt')!r})"
-                      for n, r in bad[:5])
+    where = "; ".join(f"reward {run.reward_set.names[r]!r} on sample {n} "
+                      f"(prompt {batch.prompts[n // g].get('prompt')!r})" for n, r in bad[:5])
     return f"non-finite rewards ({int(bad_any)} values): {where or 'on another rank'}"
 
 
@@ -175,7 +176,8 @@ def _gallery(run: Run, batch: Batch, step: int, last: bool) -> None:
     if not (step == 0 or last or (every and step % every == 0)) or not hasattr(run.policy, "gallery"):
         return
     if run.accelerator.is_main_process:
-        save_gallery(run.run_dir, step, run.policy.gallery(batch.rollout, batch.prompts, batch.total))
+        items = run.policy.gallery(batch.rollout, batch.prompts, batch.total)
+        save_gallery(run.run_dir / "gallery" / f"step_{step:08d}", items)
 
 
 def train(cfg: Config) -> dict[str, Any]:
@@ -205,7 +207,9 @@ def train(cfg: Config) -> dict[str, Any]:
                 metrics.update(adv_stats)
                 metrics.update(upd)
                 bad = None if ok else "non-finite loss or gradient"
-            run.scheduler.step()
+            with warnings.catch_warnings():  # a skipped (NaN) update still advances the schedule: lr = f(step)
+                warnings.simplefilter("ignore", UserWarning)
+                run.scheduler.step()
             t2 = time.perf_counter()
             # 5. log, gallery, checkpoint, faults
             run.bad_streak = 0 if ok else run.bad_streak + 1

@@ -37,7 +37,7 @@ class Rollout:
         """Raise ValueError when the shapes do not match B x G samples."""
         n = batch_size * group_size
         if len(self.samples) != n:
-            raise ValueError(f"rollout has {len(self.samples)} samples, expected B*G = {batch_size}*{group_size} = {n}")
+            raise ValueError(f"rollout has {len(self.samples)} samples, expected B*G = {batch_size}*{group_size}={n}")
         if self.old_logp.dim() != 2 or self.old_logp.shape[0] != n:
             raise ValueError(f"rollout.old_logp {tuple(self.old_logp.shape)} must be [N={n}, K]")
         if self.mask.shape != self.old_logp.shape:

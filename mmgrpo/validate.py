@@ -36,7 +36,8 @@ def _validate_run(cfg: Config) -> None:
     _need(run.device in ("auto", "cpu", "cuda"), f"run.device ({run.device!r}) must be auto, cpu or cuda")
     _need(run.mixed_precision in ("no", "bf16", "fp16"),
           f"run.mixed_precision ({run.mixed_precision!r}) must be no, bf16 or fp16")
-    _need(run.checkpoint_every >= 0, f"run.checkpoint_every ({run.checkpoint_every}) must be >= 0 (0: only at the end)")
+    _need(run.checkpoint_every >= 0,
+          f"run.checkpoint_every ({run.checkpoint_every}) must be >= 0 (0: only at the end)")
     _need(run.keep_last >= 1, f"run.keep_last ({run.keep_last}) must be >= 1 so a resume point always exists")
     _need(run.log_every >= 1, f"run.log_every ({run.log_every}) must be >= 1")
     _need(run.gallery_every >= 0, f"run.gallery_every ({run.gallery_every}) must be >= 0 (0: first and last step)")
@@ -124,13 +125,11 @@ def _validate_components(cfg: Config) -> None:
     _check_kwargs(PIPELINES, cfg.pipeline.name, cfg.pipeline.kwargs, "pipeline.kwargs", skip=RESERVED_BUILD_KWARGS)
     import rewards
 
-    known = rewards.names()
     for i, spec in enumerate(cfg.rewards):
-        where = f"rewards.{i}.name"
         if spec.name.startswith(("http://", "https://")):
             continue
-        if spec.name not in known:
-            raise UserError(f"{where}: unknown reward {spec.name!r}; choose from: {', '.join(known)}")
+        _check_name(rewards.REWARDS, spec.name, f"rewards.{i}.name")
+        _check_kwargs(rewards.REWARDS, spec.name, spec.kwargs, f"rewards.{i}.kwargs")
 
 
 def validate(cfg: Config) -> None:

@@ -51,9 +51,12 @@ def _is_offline_error(err: BaseException) -> bool:
     return False
 
 
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "", "false", "no", "off")
+
+
 def missing_model_message(model_id: str, reward: str, kwarg: str = "model") -> str:
-    offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
-    why = "the Hub is unreachable (HF_HUB_OFFLINE=1)" if offline else "it could not be downloaded"
+    why = "the Hub is unreachable (HF_HUB_OFFLINE=1)" if _hub_offline() else "it could not be downloaded"
     return (f"model {model_id!r} is not in the local Hugging Face cache and {why}; download it elsewhere and pass a "
             f"local directory: rewards.load({reward!r}, {kwarg}=\"/path/to/dir\")")
 
@@ -64,7 +67,10 @@ def loading(model_id: str, reward: str, kwarg: str = "model") -> Iterator[None]:
     try:
         yield
     except (OSError, RuntimeError, ValueError) as err:
-        if isinstance(err, UserError) or os.path.exists(str(model_id)) or not _is_offline_error(err):
+        if isinstance(err, UserError) or os.path.exists(str(model_id)):
+            raise
+        # some loaders (AutoImageProcessor) drop the hub error and raise a generic OSError when offline
+        if not (_is_offline_error(err) or (_hub_offline() and isinstance(err, OSError))):
             raise
         raise UserError(missing_model_message(model_id, reward, kwarg)) from None
 

@@ -61,7 +61,8 @@ def test_unknown_prompt_raises_with_the_prompt():
 
 def test_splits_are_disjoint_and_cover_every_prompt_and_category():
     sets = {s: set(list_prompts(s)) for s in SPLITS}
-    assert not (sets["train"] & sets["val"]) and not (sets["train"] & sets["test"]) and not (sets["val"] & sets["test"])
+    for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
+        assert not (sets[a] & sets[b]), (a, b)
     assert set().union(*sets.values()) == {s.prompt for s in all_specs()}
     for split in SPLITS:
         by_cat = prompts_by_category(split)

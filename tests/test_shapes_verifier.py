@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from pipelines.shapes.scenes import CATEGORIES, COLORS, Scene, SceneObject, ground_truth_scenes, list_prompts
-from pipelines.shapes.verifier import connected_components, detect, score, verify
+from pipelines.shapes.verifier import category_report, connected_components, detect, score, verify
 
 
 def _gt_items(resolution=32, per_category=50):
@@ -184,3 +184,30 @@ def test_detect_reports_geometry():
     assert d["cx"] == pytest.approx(0.3, abs=1 / 32) and d["cy"] == pytest.approx(0.6, abs=1 / 32)
     assert d["w"] == pytest.approx(0.4, abs=1 / 32)
     assert set(COLORS) >= {d["color"]}
+
+
+def test_category_report(items32):
+    sub = items32[::25]  # 2 per category
+    prompts = [p for _, p, _ in sub]
+    images = [im for *_, im in sub]
+    # break the first image: an empty canvas scores 0 strict and 0 partial
+    images[0] = np.full_like(images[0], 242)
+    table = category_report(images, prompts)
+    first = sub[0][0]
+    assert table[first] == {"strict": 0.5, "partial": 0.5, "n": 2}
+    assert set(table) == set(CATEGORIES) | {"overall"}
+    # overall = mean over the 6 categories: (5 * 1 + 0.5) / 6
+    assert table["overall"]["strict"] == pytest.approx(5.5 / 6) and table["overall"]["n"] == 12
+
+
+def test_float_inputs_are_read_as_unit_range():
+    img = _draw(("triangle", "cyan", 0.5, 0.5, 0.25))
+    as_float = img.astype(np.float64) / 255.0
+    assert score([as_float], ["a cyan triangle"])[0] == 1.0
+    # a dark float image stays dark: [0, 1] is never re-guessed from the values
+    dark = torch.full((3, 8, 8), 0.5 / 255)
+    from pipelines.shapes.verifier import to_uint8
+
+    assert to_uint8(dark).max() <= 1
+    with pytest.raises(ValueError, match="dtype"):
+        to_uint8(img.astype(np.int64))

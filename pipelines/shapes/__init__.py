@@ -20,7 +20,7 @@ from pipelines.shapes.scenes import (
     render,
     split_of,
 )
-from pipelines.shapes.verifier import detect, score, verify
+from pipelines.shapes.verifier import category_report, detect, score, verify
 
 __all__ = [
     "CATEGORIES",
@@ -31,6 +31,7 @@ __all__ = [
     "PromptSpec",
     "Scene",
     "SceneObject",
+    "category_report",
     "detect",
     "ground_truth_scenes",
     "list_prompts",

@@ -269,16 +269,20 @@ def relation_holds(a_xy, a_ext, b_xy, b_ext, relation: str, *, threshold: float 
 def _place(rng: np.random.Generator, kinds: list[tuple[str, str]], size_range, relation: str | None):
     """Sizes and centres for `kinds` with no two boxes closer than MARGIN; None if rejection sampling fails."""
     lo, hi = size_range
-    for attempt in range(400):
-        shrink = 0.93 ** (attempt // 40)  # crowded scenes (four objects) get smaller objects, deterministically
+    for attempt in range(200):
+        # crowded scenes (four objects) lower the largest size, never the smallest: tiny shapes are ambiguous
+        top = max(lo, hi * 0.93 ** (attempt // 20))
         objs: list[SceneObject] = []
         for shape, color in kinds:
-            r = float(rng.uniform(lo, hi)) * shrink
-            cx, cy = rng.uniform(r + 0.02, 1 - r - 0.02, size=2)
-            obj = SceneObject(shape, color, float(cx), float(cy), r)
-            if not all(boxes_apart(obj, o) for o in objs):
+            for _ in range(50):  # redraw only this object before restarting the whole scene
+                r = float(rng.uniform(lo, top))
+                cx, cy = rng.uniform(r + 0.02, 1 - r - 0.02, size=2)
+                obj = SceneObject(shape, color, float(cx), float(cy), r)
+                if all(boxes_apart(obj, o) for o in objs):
+                    objs.append(obj)
+                    break
+            else:
                 break
-            objs.append(obj)
         if len(objs) < len(kinds):
             continue
         if relation is not None and not _clear_relation(objs[0], objs[1], relation):

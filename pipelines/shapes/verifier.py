@@ -36,14 +36,15 @@ _COLOR_NAMES = tuple(COLORS)
 
 
 def to_uint8(image: Any) -> np.ndarray:
-    """Any supported image to uint8 [H, W, 3]: PIL, uint8/float numpy HWC, torch [3, H, W] (float in [0, 1] or uint8)."""
+    """An image as uint8 [H, W, 3]: PIL, HWC numpy (uint8, or float in [0, 1]), torch [3, H, W] float or uint8.
+
+    Floats are always read as [0, 1] (what diffusers' `output_type="pt"` gives) and clipped; never guessed.
+    """
     if hasattr(image, "detach"):  # torch tensor: CHW -> HWC
         t = image.detach().cpu()
         if t.ndim != 3 or t.shape[0] != 3:
             raise ValueError(f"tensor image must be [3, H, W], got {tuple(t.shape)}; index the batch first")
         image = t.permute(1, 2, 0).float().numpy() if t.is_floating_point() else t.permute(1, 2, 0).numpy()
-        if image.dtype != np.uint8:
-            image = image * 255.0
     elif hasattr(image, "convert"):  # PIL
         image = np.asarray(image.convert("RGB"))
     arr = np.asarray(image)
@@ -51,9 +52,9 @@ def to_uint8(image: Any) -> np.ndarray:
         raise ValueError(f"image must be HxWx3 (or a [3, H, W] tensor), got shape {arr.shape}")
     if arr.dtype == np.uint8:
         return arr
-    if np.issubdtype(arr.dtype, np.floating) and arr.max(initial=0) <= 1.0 + 1e-6:
-        arr = arr * 255.0  # float numpy in [0, 1]
-    return np.clip(np.rint(arr), 0, 255).astype(np.uint8)
+    if not np.issubdtype(arr.dtype, np.floating):
+        raise ValueError(f"image dtype {arr.dtype} is not supported; pass uint8 in [0, 255] or float in [0, 1]")
+    return np.clip(np.rint(arr * 255.0), 0, 255).astype(np.uint8)
 
 
 def connected_components(classes: np.ndarray) -> np.ndarray:
@@ -251,3 +252,27 @@ def score(images: list, prompts: list[str], *, mode: str = "partial") -> np.ndar
         out[i] = float(res["strict"]) if mode == "strict" else res["partial"]
     return out
 
+
+
+def category_report(images: list, prompts: list[str]) -> dict[str, dict[str, float]]:
+    """Per-category GenEval table: `{category: {"strict": mean, "partial": mean, "n": count}}` plus "overall"
+    (the mean over categories, as GenEval reports it). For `mmgrpo eval` and before/after comparisons."""
+    images = _as_list(images)
+    if len(images) != len(prompts):
+        raise ValueError(f"got {len(images)} images but {len(prompts)} prompts; pass one prompt per image")
+    rows: dict[str, list[tuple[float, float]]] = {}
+    for img, prompt in zip(images, prompts):
+        spec = parse_prompt(prompt)
+        res = evaluate(spec, detect(img))
+        rows.setdefault(spec.category, []).append((float(res["strict"]), float(res["partial"])))
+    table = {
+        cat: {"strict": float(np.mean([r[0] for r in v])), "partial": float(np.mean([r[1] for r in v])), "n": len(v)}
+        for cat, v in rows.items()
+    }
+    if table:
+        table["overall"] = {
+            "strict": float(np.mean([t["strict"] for t in table.values()])),
+            "partial": float(np.mean([t["partial"] for t in table.values()])),
+            "n": len(images),
+        }
+    return table

@@ -77,7 +77,8 @@ class Clip:
         ev = []
         for t in self.tracks:
             ev.append(dict(object=t.name, event="appears", start_frame=t.appear, end_frame=t.appear))
-            ev.append(dict(object=t.name, event=f"moves {t.direction}", start_frame=t.move_start, end_frame=t.move_end))
+            move = f"moves {t.direction}"
+            ev.append(dict(object=t.name, event=move, start_frame=t.move_start, end_frame=t.move_end))
             if t.disappear < self.num_frames:
                 ev.append(dict(object=t.name, event="disappears", start_frame=t.disappear, end_frame=t.disappear))
         for e in ev:
@@ -135,15 +136,18 @@ def sample_clip(
     n = int(rng.integers(1, 4)) if n_objects is None else n_objects
     if not 1 <= n <= len(SHAPES):
         raise ValueError(f"n_objects={n} must be in [1, {len(SHAPES)}]: each object has its own shape")
-    for _ in range(500):
+    for _ in range(50):
         shapes = rng.permutation(len(SHAPES))[:n]
         colors = rng.permutation(len(COLORS))[:n]
         tracks: list[Track] = []
         for s, c in zip(shapes, colors):
-            t = _track(rng, SHAPES[int(s)], list(COLORS)[int(c)], num_frames, size_range)
-            if t is None or not all(_apart(t, o, num_frames) for o in tracks):
+            for _ in range(100):  # redraw only this object's track before restarting the whole clip
+                t = _track(rng, SHAPES[int(s)], list(COLORS)[int(c)], num_frames, size_range)
+                if t is not None and all(_apart(t, o, num_frames) for o in tracks):
+                    tracks.append(t)
+                    break
+            else:
                 break
-            tracks.append(t)
         if len(tracks) == n:
             return Clip(tuple(tracks), num_frames, fps, resolution)
     raise ValueError(f"could not place {n} moving objects of size_range {size_range}; use fewer or smaller ones")

@@ -45,7 +45,7 @@ def _decode(tokens: Tensor, mask: Tensor) -> list[str]:
 
 
 class ToyPolicy:
-    """`Policy` for CountLM: sampling by inverse CDF on per-prompt seeded uniforms, so rollouts are rank-independent."""
+    """`Policy` for CountLM: inverse-CDF sampling on per-prompt seeded uniforms, so rollouts are rank-independent."""
 
     def __init__(self, model: CountLM, device: torch.device):
         self.model = model

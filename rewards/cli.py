@@ -1,0 +1,110 @@
+"""Command-line entry points: `rewards list`, `rewards score NAME SAMPLE PROMPT`, `serve-rewards --rewards a,b`.
+
+`add_subcommands(subparsers)` plugs these into the mmgrpo CLI; each sets `func(args) -> exit code`.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+from mmgrpo.errors import UserError
+
+
+def _parse_kv(items: list[str] | None, flag: str) -> dict:
+    """['a=1', 'b=x', 'c=[1,2]'] -> {'a': 1, 'b': 'x', 'c': [1, 2]} (values parsed as JSON when they are JSON)."""
+    out = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"{flag} {item!r} must look like key=value, e.g. {flag} divisor=26")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    import rewards
+
+    desc = rewards.describe()
+    width = max(map(len, desc))
+    for name, line in desc.items():
+        meta = rewards.info(name)
+        print(f"{name:<{width}}  [{meta.get('input', '?'):<5}] {line}")
+    return 0
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    import rewards
+
+    kwargs = _parse_kv(args.kw, "--kw")
+    fields = {k: [v] for k, v in _parse_kv(args.field, "--field").items()}
+    try:
+        reward = rewards.load(args.name, **kwargs)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    if reward.input == "text":
+        sample = args.sample
+    elif os.path.isfile(args.sample):
+        sample = args.sample
+        if reward.input == "image":
+            from rewards._images import to_pil
+
+            sample = to_pil(args.sample)
+    else:
+        raise UserError(f"reward {args.name!r} scores {reward.input}s: {args.sample!r} is not a file")
+    try:
+        score = reward([sample], [args.prompt] if args.prompt is not None else None, **fields,
+                       **({"group_size": 1} if reward.kind == "groupwise" else {}))
+    except ValueError as err:
+        raise UserError(f"reward {args.name!r}: {err}") from None
+    print(json.dumps({"reward": args.name, "score": score.item()}) if args.json else f"{score.item():.6g}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from rewards.server import make_server
+
+    names = [n.strip() for n in args.rewards.split(",") if n.strip()]
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.token:
+        print(f"warning: serving on {args.host} without --token: anyone on the network can use these models",
+              file=sys.stderr)
+    try:
+        server = make_server(names, host=args.host, port=args.port, token=args.token, max_batch=args.max_batch)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    except OSError as err:
+        raise UserError(f"cannot bind {args.host}:{args.port}: {err.strerror or err}; pick another --port") from None
+    print(f"serving {', '.join(names)} on {server.url} (POST {server.url}/<name>; Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+def add_subcommands(subparsers) -> None:
+    """Add `rewards {list,score}` and `serve-rewards` to an argparse subparsers object."""
+    p = subparsers.add_parser("rewards", help="list reward models and rule rewards, or score one sample")
+    sub = p.add_subparsers(dest="rewards_command", required=True)
+    ls = sub.add_parser("list", help="every reward with its input kind and a one-line description")
+    ls.set_defaults(func=cmd_list)
+    sc = sub.add_parser("score", help="score one image, video or text with a reward")
+    sc.add_argument("name", help="reward name (see `rewards list`) or http://host:port/<name>")
+    sc.add_argument("sample", metavar="IMAGE_OR_TEXT", help="an image/video path, or the text to score")
+    sc.add_argument("prompt", nargs="?", default=None, help="the prompt (needed by image-text rewards)")
+    sc.add_argument("--kw", action="append", metavar="KEY=VALUE", help="reward keyword, e.g. --kw divisor=26")
+    sc.add_argument("--field", action="append", metavar="KEY=VALUE", help="ground truth, e.g. --field answers=4")
+    sc.add_argument("--json", action="store_true", help="print a JSON object instead of the bare score")
+    sc.set_defaults(func=cmd_score)
+    sv = subparsers.add_parser("serve-rewards", help="serve rewards over HTTP (loopback by default)")
+    sv.add_argument("--rewards", required=True, help="comma-separated reward names, e.g. pickscore,clip_score")
+    sv.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' on every request")
+    sv.add_argument("--max-batch", type=int, default=64, help="merge concurrent requests up to this many samples")
+    sv.set_defaults(func=cmd_serve)

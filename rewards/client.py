@@ -1,0 +1,80 @@
+"""HTTP client reward: `rewards.load("http://127.0.0.1:8000/pickscore")` scores through a RewardServer.
+
+Timeout and retries with backoff on connection errors and 502/503/504; 4xx answers raise ValueError with the message.
+"""
+
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from rewards.api import Reward
+
+
+class HttpReward(Reward):
+    """A Reward whose scoring runs on a remote RewardServer; kind, input and fields come from the server."""
+
+    def __init__(self, url: str, *, token: str | None = None, timeout: float = 60.0, retries: int = 3,
+                 backoff: float = 0.5):
+        parts = urllib.parse.urlsplit(url)
+        name = parts.path.strip("/").removeprefix("rewards/")
+        if not name or "/" in name:
+            raise ValueError(f"reward URL {url!r} must look like http://host:port/<reward name>")
+        if retries < 0 or timeout <= 0:
+            raise ValueError(f"retries={retries} must be >= 0 and timeout={timeout} > 0")
+        self.base = f"{parts.scheme}://{parts.netloc}"
+        self.url, self.token, self.timeout, self.retries, self.backoff = f"{self.base}/{name}", token, timeout, retries, backoff
+        info = self._request("GET", None)
+        self.name, self.kind, self.input = info["name"], info["kind"], info["input"]
+        self.fields, self.needs_prompts = tuple(info["fields"]), bool(info["needs_prompts"])
+        self.preprocess = f"remote {self.url}: {info['preprocess']}"
+
+    def _request(self, method: str, payload: dict | None) -> dict:
+        data = None if payload is None else json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            req = urllib.request.Request(self.url, data=data, headers=headers, method=method)
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                    return json.loads(resp.read())
+            except urllib.error.HTTPError as err:
+                message = _error_text(err)
+                if err.code in (502, 503, 504):
+                    last = RuntimeError(f"{self.url} answered {err.code}: {message}")
+                    continue
+                if 400 <= err.code < 500:
+                    raise ValueError(f"{self.url} answered {err.code}: {message}") from None
+                raise RuntimeError(f"{self.url} answered {err.code}: {message}") from None
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
+                last = err
+        raise ConnectionError(f"reward server {self.url} unreachable after {self.retries + 1} attempts "
+                              f"(timeout {self.timeout:g} s): {last}")
+
+    def score(self, samples, prompts, **fields):
+        from rewards.server import encode_sample
+
+        payload = {"samples": [encode_sample(s, self.input) for s in samples], "prompts": prompts,
+                   "fields": {k: _jsonable(v) for k, v in fields.items() if k != "group_size"},
+                   "group_size": fields.get("group_size")}
+        scores = self._request("POST", payload)["scores"]
+        return [float("nan") if s is None else s for s in scores]
+
+
+def _error_text(err: urllib.error.HTTPError) -> str:
+    try:
+        return json.loads(err.read()).get("error", "")
+    except (json.JSONDecodeError, AttributeError, OSError, ValueError):
+        return err.reason
+
+
+def _jsonable(v: Any) -> Any:
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    return [x.tolist() if hasattr(x, "tolist") else x for x in v]

@@ -1,0 +1,238 @@
+"""HTTP reward server (stdlib ThreadingHTTPServer): POST /<name> scores a batch; requests are batched across clients.
+
+Loopback by default, optional bearer token. Images travel as base64 PNG; 400 bad payload, 401 token, 404 unknown name.
+"""
+
+import base64
+import binascii
+import hmac
+import io
+import json
+import queue
+import threading
+import time
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from PIL import Image, UnidentifiedImageError
+
+from rewards.api import Reward, load
+
+MAX_BODY = 256 * 1024 * 1024
+
+
+def encode_sample(sample: Any, input_kind: str) -> dict:
+    """One sample as JSON: {"text": str}, {"png": base64} or {"video": [{"png": ...}, ...]} (frames)."""
+    from rewards._images import read_frames, to_pil
+
+    if input_kind == "text":
+        if not isinstance(sample, str):
+            raise ValueError(f"a text reward needs str samples, got {type(sample).__name__}")
+        return {"text": sample}
+    if input_kind == "video":
+        return {"video": [_png(f) for f in read_frames(sample, 10**9)]}
+    return _png(to_pil(sample))
+
+
+def _png(image: Image.Image) -> dict:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return {"png": base64.b64encode(buf.getvalue()).decode("ascii")}
+
+
+def decode_sample(obj: Any, i: int) -> Any:
+    if not isinstance(obj, dict) or len(obj) != 1:
+        raise ValueError(f"samples[{i}] must be an object with one key: text, png or video")
+    (key, value), = obj.items()
+    if key == "text":
+        if not isinstance(value, str):
+            raise ValueError(f"samples[{i}].text must be a string")
+        return value
+    if key == "png":
+        try:
+            return Image.open(io.BytesIO(base64.b64decode(value, validate=True))).convert("RGB")
+        except (binascii.Error, UnidentifiedImageError, TypeError, ValueError, OSError) as err:
+            raise ValueError(f"samples[{i}].png is not a base64 PNG: {err}") from None
+    if key == "video":
+        if not isinstance(value, list) or not value:
+            raise ValueError(f"samples[{i}].video must be a non-empty list of {{'png': ...}} frames")
+        return [decode_sample(f, i) for f in value]
+    raise ValueError(f"samples[{i}] has unknown key {key!r}; use text, png or video")
+
+
+class _Job:
+    def __init__(self, samples, prompts, fields, group_size):
+        self.samples, self.prompts, self.fields, self.group_size = samples, prompts, fields, group_size
+        self.done = threading.Event()
+        self.result: list[float] | None = None
+        self.error: Exception | None = None
+
+
+class Batcher:
+    """One worker thread per reward: merges queued pointwise requests (same fields) into one model call."""
+
+    def __init__(self, reward: Reward, *, max_batch: int, wait_s: float):
+        self.reward, self.max_batch, self.wait_s = reward, max_batch, wait_s
+        self.jobs: queue.Queue[_Job] = queue.Queue()
+        self.calls = 0
+        threading.Thread(target=self._loop, daemon=True, name=f"reward-{reward.name}").start()
+
+    def submit(self, job: _Job, timeout: float) -> list[float]:
+        self.jobs.put(job)
+        if not job.done.wait(timeout):
+            raise TimeoutError(f"reward {self.reward.name!r} did not answer within {timeout:g} s")
+        if job.error is not None:
+            raise job.error
+        return job.result
+
+    def _loop(self) -> None:
+        while True:
+            batch = [self.jobs.get()]
+            deadline = time.monotonic() + self.wait_s
+            while self.reward.kind == "pointwise" and sum(len(j.samples) for j in batch) < self.max_batch:
+                try:
+                    batch.append(self.jobs.get(timeout=max(0.0, deadline - time.monotonic())))
+                except queue.Empty:
+                    break
+            self._run(batch)
+
+    def _run(self, batch: list[_Job]) -> None:
+        keys = {tuple(sorted(j.fields)) for j in batch}
+        has_prompts = {j.prompts is None for j in batch}
+        if len(batch) > 1 and len(keys) == 1 and len(has_prompts) == 1:
+            try:
+                self._call(batch)
+                return
+            except Exception:  # one bad request must not fail the others: score them one by one
+                pass
+        for job in batch:
+            try:
+                self._call([job])
+            except Exception as err:
+                job.error = err
+                job.done.set()
+
+    def _call(self, jobs: list[_Job]) -> None:
+        samples = [s for j in jobs for s in j.samples]
+        prompts = None if jobs[0].prompts is None else [p for j in jobs for p in j.prompts]
+        fields = {k: [v for j in jobs for v in j.fields[k]] for k in jobs[0].fields}
+        if jobs[0].group_size is not None and self.reward.kind == "groupwise":
+            fields["group_size"] = jobs[0].group_size
+        self.calls += 1
+        scores = self.reward(samples, prompts, **fields).tolist()
+        start = 0
+        for j in jobs:
+            j.result = scores[start: start + len(j.samples)]
+            start += len(j.samples)
+            j.done.set()
+
+
+class RewardServer(ThreadingHTTPServer):
+    daemon_threads = True
+    request_queue_size = 1024  # many clients connect at once; the default backlog of 5 drops SYNs
+
+    def __init__(self, rewards: dict[str, Reward], *, host: str = "127.0.0.1", port: int = 8000,
+                 token: str | None = None, max_batch: int = 64, wait_ms: float = 5.0, timeout: float = 600.0):
+        self.rewards, self.token, self.timeout_s = rewards, token, timeout
+        self.batchers = {n: Batcher(r, max_batch=max_batch, wait_s=wait_ms / 1000) for n, r in rewards.items()}
+        super().__init__((host, port), _Handler)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host}:{port}"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: RewardServer
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format, *args):  # keep the server quiet; the CLI prints its own line
+        pass
+
+    def _send(self, status: int, payload: dict) -> None:
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _authorised(self) -> bool:
+        if self.server.token is None:
+            return True
+        got = self.headers.get("Authorization", "")
+        if hmac.compare_digest(got.encode(), f"Bearer {self.server.token}".encode()):
+            return True
+        self._send(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
+        return False
+
+    def _reward_name(self) -> str:
+        return self.path.split("?")[0].strip("/").removeprefix("rewards/")
+
+    def do_GET(self):
+        if not self._authorised():
+            return
+        name = self._reward_name()
+        if name in ("", "rewards", "health"):
+            self._send(HTTPStatus.OK, {"rewards": {n: _info(r) for n, r in self.server.rewards.items()}})
+        elif name in self.server.rewards:
+            self._send(HTTPStatus.OK, _info(self.server.rewards[name]))
+        else:
+            self._send(HTTPStatus.NOT_FOUND, {"error": f"unknown reward {name!r}; served: {sorted(self.server.rewards)}"})
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if 0 < length <= MAX_BODY else b""
+        if not self._authorised():
+            return
+        name = self._reward_name()
+        if name not in self.server.rewards:
+            self._send(HTTPStatus.NOT_FOUND, {"error": f"unknown reward {name!r}; served: {sorted(self.server.rewards)}"})
+            return
+        try:
+            job = _parse(body, length)
+        except ValueError as err:
+            self._send(HTTPStatus.BAD_REQUEST, {"error": str(err)})
+            return
+        try:
+            scores = self.server.batchers[name].submit(job, self.server.timeout_s)
+        except ValueError as err:  # the reward rejected the input (missing field, wrong count...)
+            self._send(HTTPStatus.BAD_REQUEST, {"error": f"reward {name!r}: {err}"})
+        except Exception as err:
+            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"reward {name!r} failed: {type(err).__name__}: {err}"})
+        else:
+            self._send(HTTPStatus.OK, {"scores": scores})
+
+
+def _info(r: Reward) -> dict:
+    return {"name": r.name, "kind": r.kind, "input": r.input, "preprocess": r.preprocess, "fields": list(r.fields),
+            "needs_prompts": bool(getattr(r, "needs_prompts", False))}
+
+
+def _parse(body: bytes, length: int) -> _Job:
+    if not body:
+        raise ValueError(f"empty or oversized body ({length} bytes); send JSON {{'samples': [...]}} under {MAX_BODY}")
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"body is not JSON: {err}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("samples"), list) or not data["samples"]:
+        raise ValueError("body must be an object with a non-empty list 'samples'")
+    samples = [decode_sample(s, i) for i, s in enumerate(data["samples"])]
+    prompts, fields = data.get("prompts"), data.get("fields") or {}
+    if prompts is not None and (not isinstance(prompts, list) or len(prompts) != len(samples)):
+        raise ValueError(f"'prompts' must be a list with one string per sample ({len(samples)})")
+    if not isinstance(fields, dict) or any(not isinstance(v, list) or len(v) != len(samples) for v in fields.values()):
+        raise ValueError(f"'fields' must map names to lists with one entry per sample ({len(samples)})")
+    return _Job(samples, prompts, fields, data.get("group_size"))
+
+
+def make_server(names: list[str], *, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
+                reward_kwargs: dict[str, dict] | None = None, **kw: Any) -> RewardServer:
+    """Load each named reward once and bind a RewardServer (call .serve_forever(), .shutdown() to stop)."""
+    if not names:
+        raise ValueError("serve at least one reward, e.g. --rewards pickscore,clip_score")
+    rewards = {n: load(n, **(reward_kwargs or {}).get(n, {})) for n in names}
+    return RewardServer(rewards, host=host, port=port, token=token, **kw)

@@ -1,0 +1,110 @@
+"""HTTP reward server and client on loopback: status codes, token, batching, and a bounded 200-request load test."""
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import torch
+
+import rewards
+from rewards.server import make_server
+
+TOKEN = "s3cret"
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = make_server(["edit_similarity", "jpeg_incompressibility", "pairwise"], host="127.0.0.1", port=0,
+                      token=TOKEN, reward_kwargs={"pairwise": {"base": "format"}}, wait_ms=20)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield srv
+    srv.shutdown()
+    srv.server_close()
+    thread.join(timeout=10)
+
+
+def _post(url, payload, token=TOKEN):
+    req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_client_matches_local_scores(server):
+    remote = rewards.load(f"{server.url}/edit_similarity", token=TOKEN)
+    local = rewards.load("edit_similarity")
+    assert (remote.kind, remote.input, remote.fields) == ("pointwise", "text", ("answers",))
+    texts, answers = ["hello world", "hel1o", ""], ["hello world", "hello", "abc"]
+    torch.testing.assert_close(remote(texts, answers=answers), local(texts, answers=answers))
+
+
+def test_images_travel_as_png(server):
+    rng = np.random.default_rng(0)
+    imgs = [rng.integers(0, 256, size=(16, 16, 3), dtype=np.uint8), np.zeros((8, 8, 3), np.uint8)]
+    remote = rewards.load(f"{server.url}/jpeg_incompressibility", token=TOKEN)
+    # PNG is lossless, so the server sees the same pixels and computes the same JPEG size
+    assert remote(imgs).tolist() == pytest.approx(rewards.load("jpeg_incompressibility")(imgs).tolist())
+
+
+def test_groupwise_over_http(server):
+    remote = rewards.load(f"{server.url}/pairwise", token=TOKEN)
+    texts = ["<think>a</think><answer>b</answer>", "x", "y", "<think>a</think><answer>b</answer>"]
+    assert remote.kind == "groupwise"
+    assert remote(texts, group_size=2).tolist() == [1.0, 0.0, 0.0, 1.0]
+
+
+def test_status_codes(server):
+    ok = {"samples": [{"text": "a"}], "fields": {"answers": ["a"]}}
+    assert _post(f"{server.url}/edit_similarity", ok) == (200, {"scores": [1.0]})
+    code, body = _post(f"{server.url}/edit_similarity", ok, token="wrong")
+    assert code == 401 and "token" in body["error"]
+    code, body = _post(f"{server.url}/nope", ok)
+    assert code == 404 and "edit_similarity" in body["error"]
+    code, body = _post(f"{server.url}/edit_similarity", {"samples": [{"png": "not base64!"}]})
+    assert code == 400 and "base64 PNG" in body["error"]
+    code, body = _post(f"{server.url}/edit_similarity", {"samples": [{"text": "a"}]})  # missing answers
+    assert code == 400 and "answers" in body["error"]
+    code, body = _post(f"{server.url}/edit_similarity", {"samples": []})
+    assert code == 400
+    with pytest.raises(ValueError, match="401"):
+        rewards.load(f"{server.url}/edit_similarity", token="wrong")
+    with pytest.raises(ValueError, match="404"):
+        rewards.load(f"{server.url}/nope", token=TOKEN)
+
+
+def test_unreachable_server_retries_then_fails():
+    with pytest.raises(ConnectionError, match="unreachable after 2 attempts"):
+        rewards.load("http://127.0.0.1:9/edit_similarity", retries=1, backoff=0.01, timeout=2)
+
+
+def test_loopback_load_200_concurrent_requests(server):
+    n = 200
+    client = rewards.load(f"{server.url}/edit_similarity", token=TOKEN, timeout=60)
+    local = rewards.load("edit_similarity")
+    texts = [f"sample number {i}" for i in range(n)]
+    answers = [f"sample number {i * 7 % n}" for i in range(n)]
+    expect = local(texts, answers=answers).tolist()
+    barrier = threading.Barrier(n)
+    calls_before = server.batchers["edit_similarity"].calls
+
+    def one(i):
+        barrier.wait(timeout=60)  # release all 200 requests together
+        return client([texts[i]], answers=[answers[i]]).item()
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=n) as pool:
+        got = list(pool.map(one, range(n)))
+    wall = time.perf_counter() - start
+    assert got == pytest.approx(expect)
+    calls = server.batchers["edit_similarity"].calls - calls_before
+    assert 1 <= calls <= n  # requests were merged into at most n model calls
+    print(f"load test: {n} concurrent requests answered correctly in {calls} batched reward calls, {wall:.2f} s")

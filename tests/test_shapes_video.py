@@ -1,0 +1,133 @@
+"""Tests for ShapesWorld video: clip determinism, the timeline against the drawn frames, mp4 round trips through
+PyAV and decord, and the grounding / QA rows written to JSONL."""
+
+import json
+
+import numpy as np
+import pytest
+
+from pipelines.shapes.verifier import detect
+from pipelines.shapes.video import (
+    Clip,
+    Track,
+    clip_questions,
+    make_video_set,
+    read_mp4,
+    sample_clip,
+    write_mp4,
+)
+
+
+def _clip():
+    # a red circle from frame 0 moving right over frames 4..10; a blue square appearing at 6, leaving at 20
+    return Clip(
+        (
+            Track("circle", "red", 0.12, 0, 24, (0.2, 0.25), (0.6, 0.25), "right", 4, 10),
+            Track("square", "blue", 0.12, 6, 20, (0.5, 0.8), (0.5, 0.8), "up", 14, 18),
+        ),
+        num_frames=24,
+        fps=4,
+        resolution=64,
+    )
+
+
+def test_timeline_by_hand():
+    tl = _clip().timeline()
+    got = [(e["object"], e["event"], e["start"], e["end"]) for e in tl]
+    # frames / fps: 4/4 = 1.0 s, 10/4 = 2.5 s, 6/4 = 1.5 s, 14/4 = 3.5, 18/4 = 4.5, 20/4 = 5.0
+    assert got == [
+        ("red circle", "appears", 0.0, 0.0),
+        ("red circle", "moves right", 1.0, 2.5),
+        ("blue square", "appears", 1.5, 1.5),
+        ("blue square", "moves up", 3.5, 4.5),
+        ("blue square", "disappears", 5.0, 5.0),
+    ]
+
+
+def test_frames_show_the_timeline():
+    clip = _clip()
+    frames = clip.frames()
+    assert frames.shape == (24, 64, 64, 3) and frames.dtype == np.uint8
+
+    def find(frame, color):
+        return [d for d in detect(frames[frame]) if d["color"] == color]
+
+    assert find(5, "blue") == [] and len(find(6, "blue")) == 1
+    assert len(find(19, "blue")) == 1 and find(20, "blue") == []
+    xs = [find(f, "red")[0]["cx"] for f in range(24)]
+    assert xs[0] == xs[4] and xs[10] == xs[23]
+    assert all(b > a for a, b in zip(xs[4:10], xs[5:11]))  # moving right on frames 4..10
+    assert xs[10] - xs[4] == pytest.approx(0.4, abs=1 / 32)
+
+
+def test_questions_by_hand():
+    qa = {q: a for pairs in clip_questions(_clip()).values() for q, a in pairs}
+    assert qa["When does the red circle move right?"] == [1.0, 2.5]
+    assert qa["When is the blue square visible?"] == [1.5, 5.0]
+    assert qa["In which direction does the blue square move?"] == "up"
+    assert qa["Which appears first, the blue square or the red circle?"] == "red circle"
+    assert qa["Which starts moving first, the blue square or the red circle?"] == "red circle"
+    assert qa["How many different objects appear in the video?"] == "2"
+
+
+def test_sample_clip_is_deterministic_and_valid():
+    a = sample_clip(np.random.default_rng(7))
+    b = sample_clip(np.random.default_rng(7))
+    c = sample_clip(np.random.default_rng(8))
+    assert a == b and a != c
+    assert np.array_equal(a.frames(), b.frames())
+    for seed in range(20):
+        clip = sample_clip(np.random.default_rng(seed), num_frames=16)
+        for t in clip.tracks:
+            assert 0 <= t.appear < t.move_start < t.move_end < t.disappear <= clip.num_frames
+            for xy in (t.start, t.end):
+                assert all(t.size <= v <= 1 - t.size for v in xy)
+        assert len({t.color for t in clip.tracks}) == len(clip.tracks)
+
+
+@pytest.mark.parametrize("backend", ["av", "decord"])
+def test_mp4_decodes_to_the_written_frames(tmp_path, backend):
+    if backend == "decord":
+        pytest.importorskip("decord")
+    clip = sample_clip(np.random.default_rng(0), n_objects=3, num_frames=24, fps=4)
+    frames = clip.frames()
+    path = tmp_path / "clip.mp4"
+    codec = write_mp4(path, frames, clip.fps)
+    assert codec in ("libx264", "mpeg4")
+    back, fps = read_mp4(path, backend=backend)
+    assert back.shape == frames.shape and fps == 4.0
+    assert np.abs(back.astype(np.float32) - frames).mean() < 6.0  # yuv420p chroma subsampling + codec
+    # every decoded frame is closest to the frame written at the same index
+    diffs = np.abs(back[:, None].astype(np.float32) - frames[None]).mean(axis=(2, 3, 4))  # [T, T]
+    moving = [i for i in range(len(frames)) if not np.array_equal(frames[i], frames[i - 1])]
+    assert all(diffs[i].argmin() == i or diffs[i, i] == diffs[i].min() for i in moving)
+
+
+def test_write_mp4_rejects_bad_frames(tmp_path):
+    with pytest.raises(ValueError, match="even"):
+        write_mp4(tmp_path / "x.mp4", np.zeros((4, 33, 32, 3), np.uint8), 4)
+    with pytest.raises(ValueError, match="uint8"):
+        write_mp4(tmp_path / "x.mp4", np.zeros((4, 32, 32, 3), np.float32), 4)
+
+
+def test_make_video_set_rows(tmp_path):
+    path = make_video_set("val", 4, tmp_path, seed=0, num_frames=16)
+    rows = [json.loads(line) for line in open(path)]
+    assert len(rows) == 4
+    for row in rows:
+        assert (tmp_path / row["video"]).exists()
+        assert row["duration"] == 4.0 and row["fps"] == 4 and row["num_frames"] == 16
+        if row["type"] == "grounding":
+            start, end = row["answer"]
+            assert 0 <= start <= end <= row["duration"]
+    again = make_video_set("val", 4, tmp_path / "b", seed=0, num_frames=16)
+    assert [json.loads(x)["question"] for x in open(again)] == [r["question"] for r in rows]
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="num_frames"):
+        sample_clip(np.random.default_rng(0), num_frames=8)
+    with pytest.raises(ValueError, match="n_objects"):
+        sample_clip(np.random.default_rng(0), n_objects=5)
+    with pytest.raises(ValueError, match="backend"):
+        read_mp4("x.mp4", backend="cv2")

@@ -1,0 +1,201 @@
+"""The training loop on the toy counting policy: it learns, resumes exactly, survives faults, runs on 2 ranks."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import rewards
+from mmgrpo import checkpoint
+from mmgrpo.cli import main as cli_main
+from mmgrpo.config import load_config
+from mmgrpo.errors import TrainingStopped
+from mmgrpo.trainer import train
+from rewards.api import REWARDS, FunctionReward
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = str(ROOT / "configs" / "toy_count.yaml")
+FAST = ["run.progress=false", "run.report=false", "sample.batch_size=32", "algo.micro_batch_size=16"]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+
+
+def _cli(out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "mmgrpo.cli", "train", RECIPE, f"run.output_dir={out}", *FAST, *extra]
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(checkpoint.list_checkpoints(run_dir / "checkpoints")[-1] / "weights.safetensors"))
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def test_toy_policy_learns(tmp_path):
+    cfg = load_config(RECIPE, [f"run.output_dir={tmp_path}", "run.progress=false", "run.steps=30"])
+    out = train(cfg)
+    rows = _metrics(tmp_path)
+    first = sum(r["reward/total_mean"] for r in rows[:3]) / 3
+    last = sum(r["reward/total_mean"] for r in rows[-3:]) / 3
+    assert last > first + 0.2, (first, last)  # ~0.65 -> ~0.97 in practice
+    assert out["metrics"]["ratio/mean"] == pytest.approx(1.0, abs=0.1)
+    for key in ("reward/toy_count/std", "adv/zero_std_frac", "clip/upper_frac", "clip/lower_frac", "entropy",
+                "grad_norm", "lr", "time/update", "perf/samples_per_sec", "kl/old_approx"):
+        assert key in rows[-1], key
+    html = (tmp_path / "report.html").read_text()
+    assert "data:image/png;base64" in html and "toy_count" in html
+    assert (tmp_path / "config.yaml").is_file()
+    assert (tmp_path / "gallery" / "step_00000000" / "items.json").is_file()
+
+
+def test_kill_and_resume_is_exact(tmp_path):
+    """SIGKILL mid-run, resume=auto, and end with the same weights as an uninterrupted run (within 1e-6)."""
+    steps = ["run.steps=24", "run.checkpoint_every=3", "run.keep_last=2", "run.resume=auto"]
+    subprocess.run(_cli(tmp_path / "full", *steps), check=True, env=_env(), capture_output=True)
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_cli(killed, *steps), env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        ckpts = checkpoint.list_checkpoints(killed / "checkpoints")
+        if ckpts and int(ckpts[-1].name[5:]) >= 9:
+            break
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run finished before it could be killed; raise run.steps"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    done = int(checkpoint.list_checkpoints(killed / "checkpoints")[-1].name[5:])
+    assert done < 24
+    res = subprocess.run(_cli(killed, *steps), env=_env(), capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    assert "resumed from" in res.stdout + res.stderr
+    assert _max_diff(_final_weights(killed), _final_weights(tmp_path / "full")) <= 1e-6
+    assert [r["step"] for r in _metrics(killed)] == list(range(24))  # no step lost or logged twice
+
+
+def test_corrupt_checkpoint_is_skipped(tmp_path, capsys):
+    args = [f"run.output_dir={tmp_path}", *FAST, "run.steps=4", "run.checkpoint_every=2", "run.keep_last=3"]
+    train(load_config(RECIPE, args))
+    ckpts = checkpoint.list_checkpoints(tmp_path / "checkpoints")
+    assert [p.name for p in ckpts] == ["step_00000002", "step_00000004"]
+    weights = ckpts[-1] / "weights.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-7])  # a torn write
+    assert "weights.safetensors" in checkpoint.check(ckpts[-1])
+    capsys.readouterr()
+    out = train(load_config(RECIPE, args[:-3] + ["run.steps=5", "run.resume=auto"]))
+    said = capsys.readouterr().out
+    assert "skipping checkpoint" in said and "step_00000004" in said and "resumed from" in said
+    assert "step_00000002" in said.split("resumed from")[1]
+    assert out["metrics"]
+
+
+def test_sigterm_saves_and_stops(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(_cli(run_dir, "run.steps=400", "run.checkpoint_every=0"), env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not ((run_dir / "metrics.jsonl").is_file() and len(_metrics(run_dir)) >= 3):
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    assert "received SIGTERM" in out
+    (ckpt,) = checkpoint.list_checkpoints(run_dir / "checkpoints")
+    assert checkpoint.check(ckpt) is None and 3 <= int(ckpt.name[5:]) < 400
+
+
+def _register(name: str, fn) -> None:
+    if name not in REWARDS:
+        REWARDS.register(name, lambda: FunctionReward(fn, name=name, input="text", fields=("target",)))
+
+
+def test_nan_rewards_skip_then_stop(tmp_path):
+    _register("test_nan", lambda samples, prompts, target=None: [float("nan")] * len(samples))
+    cfg = load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=10", "run.max_bad_steps=2",
+                               "rewards=[{name: test_nan}]"])
+    with pytest.raises(TrainingStopped, match="2 consecutive steps had non-finite rewards"):
+        train(cfg)
+    rows = _metrics(tmp_path)
+    assert [r["skipped"] for r in rows] == [1.0, 1.0]
+    assert checkpoint.check(checkpoint.list_checkpoints(tmp_path / "checkpoints")[-1]) is None
+
+
+def test_failing_reward_stops_with_checkpoint(tmp_path, capsys):
+    def boom(samples, prompts, target=None):
+        if len(samples) > 1:
+            raise RuntimeError("scorer crashed")
+        if samples[0].count("a") == 2:
+            raise RuntimeError("cannot score this one")
+        return [0.0]
+
+    _register("test_boom", boom)
+    code = cli_main(["train", RECIPE, f"run.output_dir={tmp_path}", *FAST, "run.steps=3",
+                     "rewards=[{name: test_boom}]"])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "reward 'test_boom' failed on sample" in err and "checkpoint saved" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert checkpoint.list_checkpoints(tmp_path / "checkpoints")
+
+
+@pytest.mark.parametrize("extra", [
+    ["sample.filter_zero_std=true", "sample.refill=true", "sample.max_refill_rounds=2"],
+    ["algo.kl_coef=0.05", "algo.kl_kind=k3", "optim.ema_decay=0.9", "optim.schedule=cosine", "optim.warmup_steps=1"],
+    ["algo.loss=reg_grpo", "algo.loss_kwargs={}", "algo.aggregation=seq_mean_token_mean", "algo.micro_batch_size=8"],
+    ["algo.loss_kwargs={level: sequence, clip_low: 0.0003, clip_high: 0.0004}", "algo.advantage=rloo",
+     "algo.advantage_kwargs={}"],
+    ["sample.sampler=vade", "algo.aggregation=seq_mean_token_sum_norm", "algo.advantage=mc_grpo",
+     "algo.advantage_kwargs={scale: std}",
+     "sample.group_size=7", "sample.batch_size=28", "algo.micro_batch_size=7"],
+])
+def test_variants_run(tmp_path, extra):
+    out = train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=3", *extra]))
+    m = out["metrics"]
+    assert m["skipped"] == 0.0 and torch.isfinite(torch.tensor(m["loss/policy"]))
+    if "algo.kl_coef=0.05" in extra:
+        assert m["kl/ref"] > 0
+        assert (checkpoint.list_checkpoints(tmp_path / "checkpoints")[-1] / "ema.safetensors").is_file()
+    if "sample.refill=true" in extra:
+        assert m["rollout/rounds"] >= 1
+
+
+def test_two_ranks_match_one(tmp_path):
+    """2 CPU processes (gloo, via torchrun as accelerate's multi-GPU launcher does) == 1 process on the same
+    global batch, within 1e-5."""
+    args = ["run.steps=4", "algo.num_minibatches=2", "algo.inner_epochs=2"]
+    one = subprocess.run(_cli(tmp_path / "one", *args), env=_env(), capture_output=True, text=True)
+    assert one.returncode == 0, one.stderr
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+           "-m", "mmgrpo.cli", "train", RECIPE, f"run.output_dir={tmp_path / 'two'}", *FAST, *args]
+    two = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
+    assert two.returncode == 0, two.stderr
+    assert _max_diff(_final_weights(tmp_path / "one"), _final_weights(tmp_path / "two")) <= 1e-5
+    r1 = [r["reward/total_mean"] for r in _metrics(tmp_path / "one")]
+    r2 = [r["reward/total_mean"] for r in _metrics(tmp_path / "two")]
+    assert r1 == pytest.approx(r2, abs=1e-6)
+
+
+def test_eval_and_sample_cli(tmp_path, capsys):
+    train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=2"]))
+    assert cli_main(["eval", RECIPE, f"run.output_dir={tmp_path}", "ckpt=latest", "group_size=2"]) == 0
+    table = capsys.readouterr().out
+    assert table.splitlines()[0].split() == ["category", "toy_count", "total", "n"]
+    assert "all" in table
+    assert cli_main(["sample", RECIPE, f"run.output_dir={tmp_path}", "ckpt=latest", f"out={tmp_path / 's'}"]) == 0
+    items = json.loads((tmp_path / "s" / "items.json").read_text())
+    assert len(items) == 16 and {"prompt", "text", "reward"} <= set(items[0])
+    assert rewards.load("toy_count")(["aa"], target=[2]).item() == 1.0
