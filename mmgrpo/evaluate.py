@@ -37,9 +37,9 @@ def resolve_checkpoint(cfg: Config, ckpt: str | None) -> Path | None:
 
 
 def _load(cfg: Config, ckpt: str | None):
+    path = resolve_checkpoint(cfg, ckpt)  # before building the model, so a bad path fails at once
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu")
     task = build_task(cfg, device)
-    path = resolve_checkpoint(cfg, ckpt)
     if path is not None:
         task.policy.load_state_dict(checkpoint.load(path, 0)["weights"])
     return task, device, path

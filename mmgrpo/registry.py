@@ -67,7 +67,8 @@ class Registry:
                 close = difflib.get_close_matches(key, allowed, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ValueError(
-                    f"{field}: {self.kind} {name!r} takes no keyword {key!r}{hint}; it accepts: {', '.join(allowed)}"
+                    f"{field}: {self.kind} {name!r} takes no keyword {key!r}{hint}; it accepts: "
+                    f"{', '.join(allowed) or 'no keywords'}"
                 )
 
     def __contains__(self, name: object) -> bool:

@@ -65,25 +65,56 @@ def compute_advantages(run: Run, batch: Batch, progress: float) -> tuple[Tensor,
     return adv, use, stats
 
 
-def _loss_for(run: Run, batch: Batch, idx: Tensor, adv: Tensor, mask: Tensor, ref: Tensor | None, denom: Tensor):
-    """Per-micro-batch loss: policy loss (+ KL to the reference), aggregated with the global denominator."""
+def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor, mask: Tensor,
+              ref: Tensor | None, denom: Tensor):
+    """Loss of samples idx (and steps ks when the policy chunks K): policy loss (+ KL), global denominator."""
     a = run.cfg.algo
-    logp, aux = run.policy.logp(run.model, batch.rollout, idx)  # [n, K]
-    old = batch.rollout.old_logp[idx].to(logp.device)
-    m = mask[idx].to(logp.device)
+    ks_ = ks if ks is not None else slice(None)
+    if ks is None:
+        logp, aux = run.policy.logp(run.model, batch.rollout, idx)  # [n, K]
+    else:
+        logp, aux = run.policy.logp(run.model, batch.rollout, idx, k_slice=ks)  # [n, k]
+    old = batch.rollout.old_logp[idx][:, ks_].to(logp.device)
+    m = mask[idx][:, ks_].to(logp.device)
     kw = dict(a.loss_kwargs)
     if "group_size" in inspect.signature(losses.POLICY_LOSSES.get(a.loss)).parameters:
         kw["group_size"] = run.cfg.sample.group_size
-    loss_mat, metrics = losses.compute(a.loss, logp, old, adv[idx].to(logp.device), m, **kw)
+    a_idx = adv[idx] if adv.dim() == 1 else adv[idx][:, ks_]
+    loss_mat, metrics = losses.compute(a.loss, logp, old, a_idx.to(logp.device), m, **kw)
     metrics = dict(metrics)
     if ref is not None:
-        kl_mat = losses.kl(logp, ref[idx].to(logp.device), a.kl_kind)  # [n, K]
+        kl_mat = losses.kl(logp, ref[idx][:, ks_].to(logp.device), a.kl_kind)  # [n, k]
         loss_mat = loss_mat + a.kl_coef * kl_mat
         metrics["kl/ref"] = torch.where(m, kl_mat, 0.0).sum() / m.sum().clamp(min=1)
     if "entropy" in aux:
         metrics["entropy"] = torch.where(m, aux["entropy"], 0.0).sum() / m.sum().clamp(min=1)
+    if getattr(run.policy, "per_element_metrics", False):
+        metrics.update(_per_element(logp.detach(), old, m, ks_.start or 0))
+    if ks is not None and a.aggregation == "seq_mean_token_mean":
+        # a row's mean over all K = sum over chunks of (chunk sum / full-row count): rescale each chunk's mean
+        full = mask[idx].sum(1).clamp(min=1).to(logp.device)  # [n]
+        loss_mat = loss_mat * (m.sum(1).clamp(min=1) / full)[:, None]
     loss = losses.aggregate(loss_mat, m, a.aggregation, norm_len=_norm_len(run, mask), denom=denom)
     return loss * run.accelerator.num_processes, metrics  # DDP averages gradients; denominators are global
+
+
+def _per_element(logp: Tensor, old: Tensor, m: Tensor, k0: int) -> dict[str, Tensor]:
+    """Per decision index (e.g. denoising step) ratio mean, for pipelines that ask for it."""
+    ratio = torch.exp((logp - old).clamp(-20, 20))  # [n, k]
+    cnt = m.sum(0)  # [k]
+    mean = torch.where(m, ratio, 0.0).sum(0) / cnt.clamp(min=1)  # [k]
+    return {f"ratio/k{k0 + j}": mean[j] for j in range(mean.numel()) if cnt[j] > 0}
+
+
+def _k_slices(run: Run, k: int) -> list[slice | None]:
+    """Chunks of the decision axis for policies that bound memory by one backward per chunk (flow steps)."""
+    chunk = getattr(run.policy, "k_chunk", None)
+    if not chunk or chunk >= k:
+        return [None]
+    if run.cfg.algo.loss_kwargs.get("level", "token") == "sequence" or run.cfg.algo.loss == "reg_grpo":
+        raise ValueError(f"algo.loss={run.cfg.algo.loss!r} with sequence-level ratios needs all of K in one pass; "
+                         f"set the pipeline's k_chunk to null or use the token-level clipped loss")
+    return [slice(i, min(i + chunk, k)) for i in range(0, k, chunk)]
 
 
 def _norm_len(run: Run, mask: Tensor) -> int | None:
@@ -120,15 +151,16 @@ def update(run: Run, batch: Batch, adv: Tensor, use: Tensor, step: int) -> tuple
             denom = all_sum(acc, losses.denominator(mask[mb], a.aggregation, norm_len=_norm_len(run, mask)).float())
             # a rank with no group in this mini-batch still joins the synchronised backward, with weight 0
             micro, scale = (mb.split(a.micro_batch_size), 1.0) if len(mb) else ((torch.arange(g),), 0.0)
+            pieces = [(idx, ks) for idx in micro for ks in _k_slices(run, mask.shape[1])]
             finite = torch.tensor(1.0)
-            for j, idx in enumerate(micro):
-                with sync_context(acc, run.model, last=j == len(micro) - 1), acc.autocast():
-                    loss, metrics = _loss_for(run, batch, idx, adv, mask, ref, denom)
+            for j, (idx, ks) in enumerate(pieces):
+                with sync_context(acc, run.model, last=j == len(pieces) - 1), acc.autocast():
+                    loss, metrics = _loss_for(run, batch, idx, ks, adv, mask, ref, denom)
                     loss = loss * scale
                     finite = finite * torch.isfinite(loss.detach()).float().cpu()
                     acc.backward(torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0))
                 metrics["loss/policy"] = loss.detach() / acc.num_processes
-                acc_metrics.add(metrics, float(mask[idx].sum()) * scale)
+                acc_metrics.add(metrics, float(mask[idx][:, ks or slice(None)].sum()) * scale)
             ok = _optimizer_step(run, finite, acc_metrics) and ok
     return acc_metrics.means(), ok
 

@@ -57,7 +57,11 @@ class Policy(Protocol):
 
     def logp(self, model: torch.nn.Module, rollout: Rollout, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         """Log-probs [n, K] of samples `idx` through `model` (the Task's module, possibly wrapped by accelerate
-        for DDP, so call its forward), with grad; plus extras such as `{"entropy": [n, K]}`."""
+        for DDP, so call its forward), with grad; plus extras such as `{"entropy": [n, K]}`.
+
+        A policy with attribute `k_chunk = c` is called as `logp(model, rollout, idx, k_slice=slice(i, i + c))`
+        instead and returns [n, c]: one backward per chunk of K bounds memory (Flow-GRPO: one per timestep).
+        A policy with `per_element_metrics = True` gets `ratio/k{j}` logged for every decision index j."""
         ...
 
     def ref_logp(self, rollout: Rollout, idx: Tensor) -> Tensor | None:

@@ -3,17 +3,22 @@
 `rewards.load(name_or_url, **kw)` returns a Reward; `rewards.names()` / `describe()` list them; `RewardSet` composes.
 """
 
+# importing each module registers its rewards; model libraries are imported only when a model reward loads
+from rewards import clip_family, compose, imagereward, jpeg, ocr, pairwise, rule_rewards, shapes, video  # noqa: F401
 from rewards.api import REWARDS, FunctionReward, Reward, RewardError, UserError, describe, info, load, names
-from rewards import rule_rewards, jpeg  # noqa: E402,F401  (registration side effects)
-from rewards import compose  # noqa: E402,F401
-from rewards.compose import RewardSet, consistency_bonus, trust_weight  # noqa: E402
+from rewards.compose import RewardSet, consistency_bonus, trust_weight
 
-for _mod in ("clip_family", "imagereward", "ocr", "video", "pairwise", "shapes"):
-    try:
-        __import__(f"rewards.{_mod}")
-    except ModuleNotFoundError as _err:  # a slice not written yet must not break the rest
-        if _err.name != f"rewards.{_mod}":
-            raise
-
-__all__ = ["REWARDS", "Reward", "FunctionReward", "RewardError", "RewardSet", "UserError", "consistency_bonus",
-           "describe", "info", "load", "names", "trust_weight"]
+__all__ = [
+    "REWARDS",
+    "FunctionReward",
+    "Reward",
+    "RewardError",
+    "RewardSet",
+    "UserError",
+    "consistency_bonus",
+    "describe",
+    "info",
+    "load",
+    "names",
+    "trust_weight",
+]

@@ -11,8 +11,15 @@ import torch
 
 from mmgrpo.errors import UserError
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "float64": torch.float64, "float16": torch.float16, "fp16": torch.float16,
-           "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float64": torch.float64,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
 
 
 def parse_device(device: str | torch.device) -> torch.device:
@@ -44,8 +51,17 @@ def _is_offline_error(err: BaseException) -> bool:
         if type(seen).__name__ in names:
             return True
         text = str(seen)
-        if any(s in text for s in ("couldn't connect", "not fully cached", "Failed to download", "outgoing traffic",
-                                   "offline mode", "is not a local folder and is not a valid model identifier")):
+        if any(
+            s in text
+            for s in (
+                "couldn't connect",
+                "not fully cached",
+                "Failed to download",
+                "outgoing traffic",
+                "offline mode",
+                "is not a local folder and is not a valid model identifier",
+            )
+        ):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
@@ -57,8 +73,10 @@ def _hub_offline() -> bool:
 
 def missing_model_message(model_id: str, reward: str, kwarg: str = "model") -> str:
     why = "the Hub is unreachable (HF_HUB_OFFLINE=1)" if _hub_offline() else "it could not be downloaded"
-    return (f"model {model_id!r} is not in the local Hugging Face cache and {why}; download it elsewhere and pass a "
-            f"local directory: rewards.load({reward!r}, {kwarg}=\"/path/to/dir\")")
+    return (
+        f"model {model_id!r} is not in the local Hugging Face cache and {why}; download it elsewhere and pass a "
+        f'local directory: rewards.load({reward!r}, {kwarg}="/path/to/dir")'
+    )
 
 
 @contextlib.contextmanager
@@ -76,7 +94,7 @@ def loading(model_id: str, reward: str, kwarg: str = "model") -> Iterator[None]:
 
 
 def hub_file(repo_or_path: str, filename: str, reward: str, kwarg: str) -> str:
-    """A local file: `repo_or_path` itself when it is a file, `<dir>/<filename>` for a directory, else a hub download."""
+    """A local file: `repo_or_path` if it is a file, `<dir>/<filename>` for a directory, else a hub download."""
     if os.path.isfile(repo_or_path):
         return repo_or_path
     if os.path.isdir(repo_or_path):

@@ -1,4 +1,4 @@
-"""Sample conversion shared by the model rewards: PIL / uint8 arrays / float tensors, torch preprocessing, video frames.
+"""Sample conversion for the model rewards: PIL / uint8 arrays / float tensors, torch preprocessing, video frames.
 
 The torch path (resize shorter side, centre crop, normalise) is the differentiable twin of the CLIP processors.
 """
@@ -66,8 +66,9 @@ def to_tensor(samples: Any) -> Tensor:
     return x
 
 
-def resize_crop_normalize(x: Tensor, size: int, *, mean: tuple = CLIP_MEAN, std: tuple = CLIP_STD,
-                          crop: bool = True) -> Tensor:
+def resize_crop_normalize(
+    x: Tensor, size: int, *, mean: tuple = CLIP_MEAN, std: tuple = CLIP_STD, crop: bool = True
+) -> Tensor:
     """CLIP preprocessing in torch: bicubic resize of the shorter side to `size`, centre crop, (x - mean) / std.
 
     Args:
@@ -85,7 +86,7 @@ def resize_crop_normalize(x: Tensor, size: int, *, mean: tuple = CLIP_MEAN, std:
         x = F.interpolate(x, size=(nh, nw), mode="bicubic", align_corners=False, antialias=True)  # [N, 3, nh, nw]
         x = x.clamp(0, 1)  # bicubic overshoots; PIL clips to uint8 range too
     top, left = (nh - size) // 2, (nw - size) // 2
-    x = x[:, :, top: top + size, left: left + size]  # [N, 3, size, size]
+    x = x[:, :, top : top + size, left : left + size]  # [N, 3, size, size]
     m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
     s = torch.tensor(std, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
     return (x - m) / s
@@ -109,7 +110,9 @@ def read_frames(video: Any, num_frames: int) -> list[Image.Image]:
     elif isinstance(video, Tensor | np.ndarray) and video.ndim == 4:
         frames = [video[i] for i in range(video.shape[0])]
     else:
-        raise ValueError(f"a video must be a path, a [T,3,H,W]/[T,H,W,3] tensor or a list of frames, got {type(video)}")
+        raise ValueError(
+            f"a video must be a path, a [T,3,H,W]/[T,H,W,3] tensor or a list of frames, got {type(video)}"
+        )
     return [to_pil(frames[i]) for i in sample_indices(len(frames), num_frames)]
 
 

@@ -16,7 +16,9 @@ TINY_OPEN_CLIP = "mmgrpo-tiny-clip"
 
 def _bytes_to_unicode() -> list[str]:
     """GPT-2/CLIP byte -> printable unicode table (the 256 base symbols of byte-level BPE)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs, n = bs[:], 0
     for b in range(256):
         if b not in bs:
@@ -33,7 +35,7 @@ def write_clip_tokenizer(out_dir: str | os.PathLike, n_merges: int = 200) -> int
     """
     spec = importlib.util.find_spec("open_clip")
     bpe = Path(spec.submodule_search_locations[0]) / "bpe_simple_vocab_16e6.txt.gz"
-    lines = gzip.open(bpe).read().decode("utf-8").split("\n")[1: 1 + n_merges]
+    lines = gzip.open(bpe).read().decode("utf-8").split("\n")[1 : 1 + n_merges]
     merges = [tuple(m.split()) for m in lines]
     base = _bytes_to_unicode()
     tokens = base + [b + "</w>" for b in base] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
@@ -58,17 +60,32 @@ def tiny_hf_clip(out_dir: str | os.PathLike, *, image_size: int = 32, projection
     tok = clip_tokenizer(out_dir)
     v = len(tok)
     cfg = CLIPConfig(
-        text_config=dict(vocab_size=v, hidden_size=32, intermediate_size=37, num_hidden_layers=2,
-                         num_attention_heads=2, max_position_embeddings=77, bos_token_id=v - 2, eos_token_id=v - 1,
-                         pad_token_id=v - 1),
-        vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2,
-                           image_size=image_size, patch_size=8),
+        text_config=dict(
+            vocab_size=v,
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=77,
+            bos_token_id=v - 2,
+            eos_token_id=v - 1,
+            pad_token_id=v - 1,
+        ),
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=image_size,
+            patch_size=8,
+        ),
         projection_dim=projection_dim,
     )
     torch.manual_seed(0)
     CLIPModel(cfg).eval().save_pretrained(out_dir)
-    image_proc = CLIPImageProcessor(size={"shortest_edge": image_size},
-                                    crop_size={"height": image_size, "width": image_size})
+    image_proc = CLIPImageProcessor(
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
+    )
     CLIPProcessor(image_processor=image_proc, tokenizer=tok).save_pretrained(out_dir)
     return str(out_dir)
 
@@ -115,16 +132,49 @@ def tiny_blip_imagereward(out_dir: str | os.PathLike) -> str:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    words = "a an the cat dog red blue green photo of on in with sign says open".split()
+    words = [
+        "a",
+        "an",
+        "the",
+        "cat",
+        "dog",
+        "red",
+        "blue",
+        "green",
+        "photo",
+        "of",
+        "on",
+        "in",
+        "with",
+        "sign",
+        "says",
+        "open",
+    ]
     chars = list("abcdefghijklmnopqrstuvwxyz0123456789")
     (out / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words + chars) + "\n")
     tok = BertTokenizer(str(out / "vocab.txt"))
     cfg = BlipConfig(
-        vision_config=dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2,
-                           image_size=32, patch_size=8, layer_norm_eps=1e-6),
-        text_config=dict(vocab_size=len(tok), hidden_size=24, encoder_hidden_size=32, intermediate_size=37,
-                         num_hidden_layers=2, num_attention_heads=2, max_position_embeddings=64,
-                         pad_token_id=0, bos_token_id=2, sep_token_id=3),
+        vision_config=dict(
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+            layer_norm_eps=1e-6,
+        ),
+        text_config=dict(
+            vocab_size=len(tok),
+            hidden_size=24,
+            encoder_hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            max_position_embeddings=64,
+            pad_token_id=0,
+            bos_token_id=2,
+            sep_token_id=3,
+        ),
     )
     torch.manual_seed(3)
     net = BlipForImageTextRetrieval(cfg).eval()
@@ -134,16 +184,41 @@ def tiny_blip_imagereward(out_dir: str | os.PathLike) -> str:
 
 def tiny_trocr(out_dir: str | os.PathLike) -> str:
     """A random tiny VisionEncoderDecoder (ViT encoder + TrOCR decoder) with a CLIP-BPE tokenizer, save_pretrained."""
-    from transformers import (TrOCRConfig, TrOCRForCausalLM, ViTConfig, ViTImageProcessor, ViTModel,
-                              VisionEncoderDecoderModel)
+    from transformers import (
+        TrOCRConfig,
+        TrOCRForCausalLM,
+        VisionEncoderDecoderModel,
+        ViTConfig,
+        ViTImageProcessor,
+        ViTModel,
+    )
 
     tok = clip_tokenizer(out_dir)
     v = len(tok)
-    enc = ViTModel(ViTConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=37,
-                             image_size=32, patch_size=8))
-    dec = TrOCRForCausalLM(TrOCRConfig(vocab_size=v, d_model=32, decoder_layers=1, decoder_attention_heads=2,
-                                       decoder_ffn_dim=37, max_position_embeddings=64, bos_token_id=v - 2,
-                                       eos_token_id=v - 1, pad_token_id=v - 1, decoder_start_token_id=v - 2))
+    enc = ViTModel(
+        ViTConfig(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=37,
+            image_size=32,
+            patch_size=8,
+        )
+    )
+    dec = TrOCRForCausalLM(
+        TrOCRConfig(
+            vocab_size=v,
+            d_model=32,
+            decoder_layers=1,
+            decoder_attention_heads=2,
+            decoder_ffn_dim=37,
+            max_position_embeddings=64,
+            bos_token_id=v - 2,
+            eos_token_id=v - 1,
+            pad_token_id=v - 1,
+            decoder_start_token_id=v - 2,
+        )
+    )
     torch.manual_seed(4)
     model = VisionEncoderDecoderModel(encoder=enc, decoder=dec).eval()
     model.config.decoder_start_token_id, model.config.pad_token_id, model.config.eos_token_id = v - 2, v - 1, v - 1

@@ -73,9 +73,18 @@ class Reward:
 class FunctionReward(Reward):
     """A Reward around a per-batch function `fn(samples, prompts, **fields) -> N numbers`."""
 
-    def __init__(self, fn: Callable, *, name: str, input: str = "text", kind: str = "pointwise",
-                 preprocess: str = "", fields: tuple[str, ...] = (), required: tuple[str, ...] = (),
-                 needs_prompts: bool = False):
+    def __init__(
+        self,
+        fn: Callable,
+        *,
+        name: str,
+        input: str = "text",
+        kind: str = "pointwise",
+        preprocess: str = "",
+        fields: tuple[str, ...] = (),
+        required: tuple[str, ...] = (),
+        needs_prompts: bool = False,
+    ):
         if kind not in KINDS:
             raise ValueError(f"kind={kind!r} is not one of {KINDS}")
         if input not in INPUTS:
@@ -90,8 +99,10 @@ class FunctionReward(Reward):
 def as_sample_list(samples: Any) -> list[Any]:
     """A batch as a list: a [N, ...] tensor or array is split along dim 0; a single string is rejected."""
     if isinstance(samples, str | bytes):
-        raise ValueError("samples must be a batch (a list, or a tensor with a leading N dim), got a single string; "
-                         "wrap it in a list")
+        raise ValueError(
+            "samples must be a batch (a list, or a tensor with a leading N dim), got a single string; "
+            "wrap it in a list"
+        )
     if isinstance(samples, Tensor):
         if samples.dim() < 1:
             raise ValueError(f"samples tensor must have a leading batch dim, got shape {tuple(samples.shape)}")
@@ -110,8 +121,10 @@ def check_prompts(prompts: Sequence[str] | None, n: int, *, needed: bool, name: 
         prompts = [prompts] * n
     prompts = list(prompts)
     if len(prompts) != n:
-        raise ValueError(f"reward {name!r}: got {len(prompts)} prompts for {n} samples; pass one prompt per sample "
-                         "(repeat each prompt G times for a group)")
+        raise ValueError(
+            f"reward {name!r}: got {len(prompts)} prompts for {n} samples; pass one prompt per sample "
+            "(repeat each prompt G times for a group)"
+        )
     return prompts
 
 
@@ -125,8 +138,10 @@ def check_fields(reward: Reward, fields: dict[str, Any], n: int) -> None:
             raise ValueError(f"reward {reward.name!r}: field {key!r} has {len(value)} entries for {n} samples")
     missing = [k for k in reward.required if fields.get(k) is None]
     if missing:
-        raise ValueError(f"reward {reward.name!r} needs field(s) {', '.join(missing)}: pass e.g. "
-                         f"{missing[0]}=[...] with one entry per sample")
+        raise ValueError(
+            f"reward {reward.name!r} needs field(s) {', '.join(missing)}: pass e.g. "
+            f"{missing[0]}=[...] with one entry per sample"
+        )
 
 
 def check_group_size(group_size: Any, n: int, name: str) -> int:
@@ -179,4 +194,4 @@ def info(name: str) -> dict[str, Any]:
     return dict(REWARDS.meta(name))
 
 
-__all__ = ["REWARDS", "Reward", "FunctionReward", "RewardError", "UserError", "load", "names", "describe", "info"]
+__all__ = ["REWARDS", "FunctionReward", "Reward", "RewardError", "UserError", "describe", "info", "load", "names"]

@@ -56,8 +56,12 @@ def cmd_score(args: argparse.Namespace) -> int:
     else:
         raise UserError(f"reward {args.name!r} scores {reward.input}s: {args.sample!r} is not a file")
     try:
-        score = reward([sample], [args.prompt] if args.prompt is not None else None, **fields,
-                       **({"group_size": 1} if reward.kind == "groupwise" else {}))
+        score = reward(
+            [sample],
+            [args.prompt] if args.prompt is not None else None,
+            **fields,
+            **({"group_size": 1} if reward.kind == "groupwise" else {}),
+        )
     except ValueError as err:
         raise UserError(f"reward {args.name!r}: {err}") from None
     print(json.dumps({"reward": args.name, "score": score.item()}) if args.json else f"{score.item():.6g}")
@@ -69,8 +73,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     names = [n.strip() for n in args.rewards.split(",") if n.strip()]
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.token:
-        print(f"warning: serving on {args.host} without --token: anyone on the network can use these models",
-              file=sys.stderr)
+        print(
+            f"warning: serving on {args.host} without --token: anyone on the network can use these models",
+            file=sys.stderr,
+        )
     try:
         server = make_server(names, host=args.host, port=args.port, token=args.token, max_batch=args.max_batch)
     except ValueError as err:

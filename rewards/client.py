@@ -16,8 +16,9 @@ from rewards.api import Reward
 class HttpReward(Reward):
     """A Reward whose scoring runs on a remote RewardServer; kind, input and fields come from the server."""
 
-    def __init__(self, url: str, *, token: str | None = None, timeout: float = 60.0, retries: int = 3,
-                 backoff: float = 0.5):
+    def __init__(
+        self, url: str, *, token: str | None = None, timeout: float = 60.0, retries: int = 3, backoff: float = 0.5
+    ):
         parts = urllib.parse.urlsplit(url)
         name = parts.path.strip("/").removeprefix("rewards/")
         if not name or "/" in name:
@@ -25,7 +26,13 @@ class HttpReward(Reward):
         if retries < 0 or timeout <= 0:
             raise ValueError(f"retries={retries} must be >= 0 and timeout={timeout} > 0")
         self.base = f"{parts.scheme}://{parts.netloc}"
-        self.url, self.token, self.timeout, self.retries, self.backoff = f"{self.base}/{name}", token, timeout, retries, backoff
+        self.url, self.token, self.timeout, self.retries, self.backoff = (
+            f"{self.base}/{name}",
+            token,
+            timeout,
+            retries,
+            backoff,
+        )
         info = self._request("GET", None)
         self.name, self.kind, self.input = info["name"], info["kind"], info["input"]
         self.fields, self.needs_prompts = tuple(info["fields"]), bool(info["needs_prompts"])
@@ -54,15 +61,20 @@ class HttpReward(Reward):
                 raise RuntimeError(f"{self.url} answered {err.code}: {message}") from None
             except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
                 last = err
-        raise ConnectionError(f"reward server {self.url} unreachable after {self.retries + 1} attempts "
-                              f"(timeout {self.timeout:g} s): {last}")
+        raise ConnectionError(
+            f"reward server {self.url} unreachable after {self.retries + 1} attempts "
+            f"(timeout {self.timeout:g} s): {last}"
+        )
 
     def score(self, samples, prompts, **fields):
         from rewards.server import encode_sample
 
-        payload = {"samples": [encode_sample(s, self.input) for s in samples], "prompts": prompts,
-                   "fields": {k: _jsonable(v) for k, v in fields.items() if k != "group_size"},
-                   "group_size": fields.get("group_size")}
+        payload = {
+            "samples": [encode_sample(s, self.input) for s in samples],
+            "prompts": prompts,
+            "fields": {k: _jsonable(v) for k, v in fields.items() if k != "group_size"},
+            "group_size": fields.get("group_size"),
+        }
         scores = self._request("POST", payload)["scores"]
         return [float("nan") if s is None else s for s in scores]
 

@@ -41,8 +41,8 @@ class ClipReward(Reward):
         with torch.set_grad_enabled(self.differentiable), autocast(self.device, self.use_autocast):
             txt = self.embed_texts(unique)[index] if unique else None  # [N, D]
             for i in range(0, len(samples), self.batch_size):
-                img = self.embed_images(self.pixels(samples[i: i + self.batch_size]))  # [n, D]
-                out.append(self.head(img, None if txt is None else txt[i: i + self.batch_size]).float())
+                img = self.embed_images(self.pixels(samples[i : i + self.batch_size]))  # [n, D]
+                out.append(self.head(img, None if txt is None else txt[i : i + self.batch_size]).float())
         return torch.cat(out)  # [N]
 
     def processor_pixels(self, images):  # pragma: no cover - abstract
@@ -53,14 +53,27 @@ class ClipReward(Reward):
 class OpenClipReward(ClipReward):
     """An open_clip model scored by (optionally scaled) cosine similarity of image and prompt embeddings."""
 
-    def __init__(self, *, name: str, model: str, pretrained: str | None, checkpoint: str | None, scale: float,
-                 device, dtype, batch_size: int, differentiable: bool, checkpoint_file: str = ""):
+    def __init__(
+        self,
+        *,
+        name: str,
+        model: str,
+        pretrained: str | None,
+        checkpoint: str | None,
+        scale: float,
+        device,
+        dtype,
+        batch_size: int,
+        differentiable: bool,
+        checkpoint_file: str = "",
+    ):
         super().__init__(device=device, dtype=dtype, batch_size=batch_size, differentiable=differentiable)
         import open_clip
 
         with loading(model if pretrained is None else f"{model}:{pretrained}", name, "pretrained"):
             net, _, preprocess = open_clip.create_model_and_transforms(
-                model, pretrained=pretrained if checkpoint is None else None, device="cpu")
+                model, pretrained=pretrained if checkpoint is None else None, device="cpu"
+            )
         if checkpoint is not None:
             path = hub_file(checkpoint, checkpoint_file, name, "checkpoint")
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -72,8 +85,10 @@ class OpenClipReward(ClipReward):
         self.image_size = size[0] if isinstance(size, tuple | list) else int(size)
         self.mean = tuple(getattr(net.visual, "image_mean", None) or CLIP_MEAN)
         self.std = tuple(getattr(net.visual, "image_std", None) or CLIP_STD)
-        self.preprocess = (f"open_clip {model}: bicubic resize shorter side to {self.image_size}, centre crop, "
-                           f"normalise; score = {scale:g} * cos(image, prompt)")
+        self.preprocess = (
+            f"open_clip {model}: bicubic resize shorter side to {self.image_size}, centre crop, "
+            f"normalise; score = {scale:g} * cos(image, prompt)"
+        )
 
     def processor_pixels(self, images):
         return torch.stack([self.preprocess_pil(im) for im in images])
@@ -90,21 +105,54 @@ class OpenClipReward(ClipReward):
 
 
 @REWARDS.register("clip_score", input="image", range="[-1, 1] x scale", paper="CLIPScore (arXiv:2104.08718)")
-def clip_score(*, model: str = "ViT-L-14", pretrained: str | None = "openai", checkpoint: str | None = None,
-               scale: float = 1.0, device: str = "cpu", dtype: Any = torch.float32, batch_size: int = 32,
-               differentiable: bool = False) -> Reward:
+def clip_score(
+    *,
+    model: str = "ViT-L-14",
+    pretrained: str | None = "openai",
+    checkpoint: str | None = None,
+    scale: float = 1.0,
+    device: str = "cpu",
+    dtype: Any = torch.float32,
+    batch_size: int = 32,
+    differentiable: bool = False,
+) -> Reward:
     """CLIP score: cosine similarity of open_clip image and prompt embeddings (model/pretrained as in open_clip)."""
-    return OpenClipReward(name="clip_score", model=model, pretrained=pretrained, checkpoint=checkpoint, scale=scale,
-                          device=device, dtype=dtype, batch_size=batch_size, differentiable=differentiable)
+    return OpenClipReward(
+        name="clip_score",
+        model=model,
+        pretrained=pretrained,
+        checkpoint=checkpoint,
+        scale=scale,
+        device=device,
+        dtype=dtype,
+        batch_size=batch_size,
+        differentiable=differentiable,
+    )
 
 
 @REWARDS.register("hpsv2", input="image", range="about [0.2, 0.4]", paper="HPSv2 (arXiv:2306.09341)")
-def hpsv2(*, model: str = "ViT-H-14", checkpoint: str = "xswu/HPSv2", device: str = "cpu",
-          dtype: Any = torch.float32, batch_size: int = 16, differentiable: bool = False) -> Reward:
+def hpsv2(
+    *,
+    model: str = "ViT-H-14",
+    checkpoint: str = "xswu/HPSv2",
+    device: str = "cpu",
+    dtype: Any = torch.float32,
+    batch_size: int = 16,
+    differentiable: bool = False,
+) -> Reward:
     """HPSv2.1: open_clip ViT-H-14 with the HPS_v2.1 checkpoint; score = cos(image, prompt) (no logit scale)."""
-    return OpenClipReward(name="hpsv2", model=model, pretrained=None, checkpoint=checkpoint, scale=1.0,
-                          device=device, dtype=dtype, batch_size=batch_size, differentiable=differentiable,
-                          checkpoint_file="HPS_v2.1_compressed.pt")
+    return OpenClipReward(
+        name="hpsv2",
+        model=model,
+        pretrained=None,
+        checkpoint=checkpoint,
+        scale=1.0,
+        device=device,
+        dtype=dtype,
+        batch_size=batch_size,
+        differentiable=differentiable,
+        checkpoint_file="HPS_v2.1_compressed.pt",
+    )
 
 
 # ---- transformers CLIP: PickScore and the aesthetic predictor ---------------------------------------------------
@@ -116,8 +164,7 @@ def _features(out: Any) -> Tensor:
 class HFClipReward(ClipReward):
     """A transformers CLIPModel with its CLIPProcessor (PickScore; the backbone of the aesthetic predictor)."""
 
-    def __init__(self, *, name: str, model: str, processor: str, device, dtype, batch_size: int,
-                 differentiable: bool):
+    def __init__(self, *, name: str, model: str, processor: str, device, dtype, batch_size: int, differentiable: bool):
         super().__init__(device=device, dtype=dtype, batch_size=batch_size, differentiable=differentiable)
         from transformers import AutoProcessor, CLIPModel
 
@@ -147,20 +194,38 @@ class PickScore(HFClipReward):
     def __init__(self, *, divisor: float, **kw):
         super().__init__(name="pickscore", **kw)
         self.divisor = divisor
-        self.preprocess = (f"CLIPProcessor: resize shorter side to {self.image_size} (bicubic), centre crop, "
-                           f"normalise; score = logit_scale * cos / {divisor:g}")
+        self.preprocess = (
+            f"CLIPProcessor: resize shorter side to {self.image_size} (bicubic), centre crop, "
+            f"normalise; score = logit_scale * cos / {divisor:g}"
+        )
 
     def head(self, img, txt):
         return self.model.logit_scale.exp().float() * (img * txt).sum(-1) / self.divisor
 
 
-@REWARDS.register("pickscore", input="image", range="about [15, 25] (divisor 1)", paper="Pick-a-Pic (arXiv:2305.01569)")
-def pickscore(*, model: str = "yuvalkirstain/PickScore_v1", processor: str = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
-              divisor: float = 1.0, device: str = "cpu", dtype: Any = torch.float32, batch_size: int = 32,
-              differentiable: bool = False) -> Reward:
+@REWARDS.register(
+    "pickscore", input="image", range="about [15, 25] (divisor 1)", paper="Pick-a-Pic (arXiv:2305.01569)"
+)
+def pickscore(
+    *,
+    model: str = "yuvalkirstain/PickScore_v1",
+    processor: str = "laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
+    divisor: float = 1.0,
+    device: str = "cpu",
+    dtype: Any = torch.float32,
+    batch_size: int = 32,
+    differentiable: bool = False,
+) -> Reward:
     """PickScore: logit_scale * cos(image, prompt) of the PickScore CLIP-H (divisor=26 gives Flow-GRPO's scale)."""
-    return PickScore(model=model, processor=processor, divisor=divisor, device=device, dtype=dtype,
-                     batch_size=batch_size, differentiable=differentiable)
+    return PickScore(
+        model=model,
+        processor=processor,
+        divisor=divisor,
+        device=device,
+        dtype=dtype,
+        batch_size=batch_size,
+        differentiable=differentiable,
+    )
 
 
 class AestheticMLP(nn.Module):
@@ -168,8 +233,16 @@ class AestheticMLP(nn.Module):
 
     def __init__(self, in_dim: int = 768):
         super().__init__()
-        self.layers = nn.Sequential(nn.Linear(in_dim, 1024), nn.Dropout(0.2), nn.Linear(1024, 128), nn.Dropout(0.2),
-                                    nn.Linear(128, 64), nn.Dropout(0.1), nn.Linear(64, 16), nn.Linear(16, 1))
+        self.layers = nn.Sequential(
+            nn.Linear(in_dim, 1024),
+            nn.Dropout(0.2),
+            nn.Linear(1024, 128),
+            nn.Dropout(0.2),
+            nn.Linear(128, 64),
+            nn.Dropout(0.1),
+            nn.Linear(64, 16),
+            nn.Linear(16, 1),
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         return self.layers(x)
@@ -184,23 +257,40 @@ class Aesthetic(HFClipReward):
         mlp = AestheticMLP(self.model.config.projection_dim)
         mlp.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         self.mlp = mlp.to(self.device, torch.float32).eval().requires_grad_(False)
-        self.preprocess = (f"CLIP ViT-L/14 processor ({self.image_size} px, CLIP mean/std); L2-normalised image "
-                           "embedding -> MLP; score on the 1-10 AVA scale")
+        self.preprocess = (
+            f"CLIP ViT-L/14 processor ({self.image_size} px, CLIP mean/std); L2-normalised image "
+            "embedding -> MLP; score on the 1-10 AVA scale"
+        )
 
     def score(self, samples, prompts):
         out = []
         with torch.set_grad_enabled(self.differentiable), autocast(self.device, self.use_autocast):
             for i in range(0, len(samples), self.batch_size):
-                img = self.embed_images(self.pixels(samples[i: i + self.batch_size]))  # [n, D]
+                img = self.embed_images(self.pixels(samples[i : i + self.batch_size]))  # [n, D]
                 out.append(self.mlp(img.float()).squeeze(-1))  # [n]
         return torch.cat(out)
 
 
 @REWARDS.register("aesthetic", input="image", range="about [1, 10]", paper="LAION aesthetic predictor v2; DDPO")
-def aesthetic(*, model: str = "openai/clip-vit-large-patch14", processor: str | None = None,
-              head: str = "trl-lib/ddpo-aesthetic-predictor", head_file: str = "aesthetic-model.pth",
-              device: str = "cpu", dtype: Any = torch.float32, batch_size: int = 32,
-              differentiable: bool = False) -> Reward:
+def aesthetic(
+    *,
+    model: str = "openai/clip-vit-large-patch14",
+    processor: str | None = None,
+    head: str = "trl-lib/ddpo-aesthetic-predictor",
+    head_file: str = "aesthetic-model.pth",
+    device: str = "cpu",
+    dtype: Any = torch.float32,
+    batch_size: int = 32,
+    differentiable: bool = False,
+) -> Reward:
     """LAION aesthetic predictor v2: CLIP ViT-L/14 image embedding (L2-normalised) -> MLP head (no prompt)."""
-    return Aesthetic(model=model, processor=processor or model, head=head, head_file=head_file, device=device,
-                     dtype=dtype, batch_size=batch_size, differentiable=differentiable)
+    return Aesthetic(
+        model=model,
+        processor=processor or model,
+        head=head,
+        head_file=head_file,
+        device=device,
+        dtype=dtype,
+        batch_size=batch_size,
+        differentiable=differentiable,
+    )

@@ -18,11 +18,14 @@ def _spec(i: int, spec: Any) -> tuple[str, float, dict]:
     if isinstance(spec, str):
         spec = {"name": spec}
     if not isinstance(spec, dict) or "name" not in spec:
-        raise ValueError(f"reward spec {i} must be a dict with a 'name' (and optional 'weight', 'kwargs'), got {spec!r}")
+        raise ValueError(
+            f"reward spec {i} must be a dict with a 'name' (and optional 'weight', 'kwargs'), got {spec!r}"
+        )
     extra = set(spec) - {"name", "weight", "kwargs"}
     if extra:
-        raise ValueError(f"reward spec {i} ({spec['name']!r}) has unknown key(s) {sorted(extra)}; "
-                         "use name, weight, kwargs")
+        raise ValueError(
+            f"reward spec {i} ({spec['name']!r}) has unknown key(s) {sorted(extra)}; use name, weight, kwargs"
+        )
     weight = spec.get("weight", 1.0)
     if not isinstance(weight, int | float) or not math.isfinite(weight):
         raise ValueError(f"reward spec {i} ({spec['name']!r}): weight={weight!r} must be a finite number")
@@ -46,8 +49,9 @@ class RewardSet:
     Each reward receives only the fields it declares. NaN/inf scores pass through untouched (the trainer reports them).
     """
 
-    def __init__(self, specs: Sequence[dict | str], *, device: str | torch.device = "cpu",
-                 dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, specs: Sequence[dict | str], *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    ):
         if not specs:
             raise ValueError("RewardSet needs at least one reward spec, e.g. [{'name': 'format', 'weight': 1.0}]")
         parsed = [_spec(i, s) for i, s in enumerate(specs)]
@@ -65,11 +69,13 @@ class RewardSet:
     def __len__(self) -> int:
         return len(self.rewards)
 
-    def __call__(self, samples: Any, prompts: Sequence[str] | None = None, *, group_size: int | None = None,
-                 **fields: Any) -> tuple[Tensor, Tensor]:
+    def __call__(
+        self, samples: Any, prompts: Sequence[str] | None = None, *, group_size: int | None = None, **fields: Any
+    ) -> tuple[Tensor, Tensor]:
         samples = as_sample_list(samples)
-        cols = [self._score_one(name, r, samples, prompts, group_size, fields)
-                for name, r in zip(self.names, self.rewards)]
+        cols = [
+            self._score_one(name, r, samples, prompts, group_size, fields) for name, r in zip(self.names, self.rewards)
+        ]
         per_reward = torch.stack(cols, dim=1)  # [N, R]
         total = per_reward @ self.weights  # [N]
         return per_reward, total
@@ -83,8 +89,9 @@ class RewardSet:
         except Exception as err:
             index = _find_failing(reward, samples, prompts, mine) if reward.kind == "pointwise" else None
             where = f"on sample {index}" if index is not None else "on the batch (no single sample fails alone)"
-            raise RewardError(f"reward {name!r} failed {where} ({type(err).__name__}): {err}",
-                              reward_name=name, sample_index=index) from err
+            raise RewardError(
+                f"reward {name!r} failed {where} ({type(err).__name__}): {err}", reward_name=name, sample_index=index
+            ) from err
 
 
 def _find_failing(reward: Reward, samples: list, prompts, fields: dict) -> int | None:
@@ -92,17 +99,26 @@ def _find_failing(reward: Reward, samples: list, prompts, fields: dict) -> int |
     if len(samples) < 2:
         return 0
     for i in range(len(samples)):
-        one = {k: (v[i: i + 1] if v is not None and hasattr(v, "__getitem__") and not isinstance(v, str) else v)
-               for k, v in fields.items()}
+        one = {
+            k: (v[i : i + 1] if v is not None and hasattr(v, "__getitem__") and not isinstance(v, str) else v)
+            for k, v in fields.items()
+        }
         try:
-            reward(samples[i: i + 1], None if prompts is None else list(prompts)[i: i + 1], **one)
+            reward(samples[i : i + 1], None if prompts is None else list(prompts)[i : i + 1], **one)
         except Exception:
             return i
     return None
 
 
-def trust_weight(answer: Tensor, thinking: Tensor, *, step: int, anneal_steps: float = 300.0, base: float = 0.3,
-                 correct_threshold: float = 0.5) -> Tensor:
+def trust_weight(
+    answer: Tensor,
+    thinking: Tensor,
+    *,
+    step: int,
+    anneal_steps: float = 300.0,
+    base: float = 0.3,
+    correct_threshold: float = 0.5,
+) -> Tensor:
     """Per-group weight of the thinking reward in SophiaVL-R1's Trust-GRPO (arXiv:2505.17018).
 
     w = base * exp(-step / T) * (exp(mean_think_correct - mean_think_wrong) if that gap < 0 else 1).
@@ -128,8 +144,9 @@ def trust_weight(answer: Tensor, thinking: Tensor, *, step: int, anneal_steps: f
     return (base * math.exp(-step / anneal_steps) * trust).unsqueeze(1)  # [B, 1]
 
 
-def consistency_bonus(accuracy: Tensor, likelihood: Tensor, *, margin: float = 0.01, coef: float = 0.5,
-                      min_accuracy: float = 0.1) -> Tensor:
+def consistency_bonus(
+    accuracy: Tensor, likelihood: Tensor, *, margin: float = 0.01, coef: float = 0.5, min_accuracy: float = 0.1
+) -> Tensor:
     """GRPO-CARE's consistency bonus (arXiv:2506.16141) for samples whose answer follows from their reasoning.
 
     accurate_i = acc_i > min_accuracy and acc_i >= mean_g(acc); bonus_i = coef * acc_i
@@ -149,13 +166,25 @@ def consistency_bonus(accuracy: Tensor, likelihood: Tensor, *, margin: float = 0
     return torch.where(gets, coef * accuracy, torch.zeros_like(accuracy))  # [B, G]
 
 
+def _pick(fields: dict, reward: Reward) -> dict:
+    return {k: v for k, v in fields.items() if k in reward.fields}
+
+
 class TrustGRPO(Reward):
     """answer + trust_weight * thinking, per group (SophiaVL-R1); needs fields of both rewards plus `step`."""
 
     kind = "groupwise"
 
-    def __init__(self, answer: Reward, thinking: Reward, *, anneal_steps: float, base: float,
-                 correct_threshold: float, gate: float):
+    def __init__(
+        self,
+        answer: Reward,
+        thinking: Reward,
+        *,
+        anneal_steps: float,
+        base: float,
+        correct_threshold: float,
+        gate: float,
+    ):
         self.answer, self.thinking = answer, thinking
         self.anneal_steps, self.base, self.correct_threshold, self.gate = anneal_steps, base, correct_threshold, gate
         self.input = answer.input
@@ -164,27 +193,45 @@ class TrustGRPO(Reward):
         self.preprocess = f"answer={answer.name} + trust * thinking={thinking.name}"
 
     def score(self, samples, prompts, *, group_size, step, **fields):
-        pick = lambda r: {k: v for k, v in fields.items() if k in r.fields}  # noqa: E731
-        a = self.answer(samples, prompts, **pick(self.answer))  # [N]
-        t = self.thinking(samples, prompts, **pick(self.thinking))  # [N]
+        a = self.answer(samples, prompts, **_pick(fields, self.answer))  # [N]
+        t = self.thinking(samples, prompts, **_pick(fields, self.thinking))  # [N]
         t = torch.where(a >= self.gate, t, torch.zeros_like(t))  # SophiaVL skips the thinking RM for wrong answers
         a2, t2 = a.view(-1, group_size), t.view(-1, group_size)  # [B, G]
-        w = trust_weight(a2, t2, step=int(step[0] if isinstance(step, list | tuple) else step),
-                         anneal_steps=self.anneal_steps, base=self.base, correct_threshold=self.correct_threshold)
+        w = trust_weight(
+            a2,
+            t2,
+            step=int(step[0] if isinstance(step, list | tuple) else step),
+            anneal_steps=self.anneal_steps,
+            base=self.base,
+            correct_threshold=self.correct_threshold,
+        )
         return (a2 + w * t2).reshape(-1)  # [N]
 
 
 @REWARDS.register("trust_grpo", input="text", range="answer range + [0, base]", paper="SophiaVL-R1 (arXiv:2505.17018)")
-def trust_grpo(*, answer: str | dict = "accuracy", thinking: str | dict = "format", anneal_steps: float = 300.0,
-               base: float = 0.3, correct_threshold: float = 0.5, gate: float = 0.2) -> Reward:
+def trust_grpo(
+    *,
+    answer: str | dict = "accuracy",
+    thinking: str | dict = "format",
+    anneal_steps: float = 300.0,
+    base: float = 0.3,
+    correct_threshold: float = 0.5,
+    gate: float = 0.2,
+) -> Reward:
     """Trust-GRPO: outcome reward + annealed, trust-weighted thinking reward (groupwise; field `step`)."""
 
     def sub(spec):
         name, _, kwargs = _spec(0, spec)
         return load(name, **kwargs)
 
-    return TrustGRPO(sub(answer), sub(thinking), anneal_steps=anneal_steps, base=base,
-                     correct_threshold=correct_threshold, gate=gate)
+    return TrustGRPO(
+        sub(answer),
+        sub(thinking),
+        anneal_steps=anneal_steps,
+        base=base,
+        correct_threshold=correct_threshold,
+        gate=gate,
+    )
 
 
 class CareBonus(Reward):
@@ -200,7 +247,7 @@ class CareBonus(Reward):
         self.preprocess = f"{accuracy.name} + consistency bonus"
 
     def score(self, samples, prompts, *, group_size, likelihood, **fields):
-        acc = self.accuracy(samples, prompts, **{k: v for k, v in fields.items() if k in self.accuracy.fields})
+        acc = self.accuracy(samples, prompts, **_pick(fields, self.accuracy))
         p = torch.as_tensor(likelihood, dtype=torch.float32).reshape(-1, group_size)  # [B, G]
         a = acc.view(-1, group_size)  # [B, G]
         bonus = consistency_bonus(a, p, margin=self.margin, coef=self.coef, min_accuracy=self.min_accuracy)
@@ -208,8 +255,9 @@ class CareBonus(Reward):
 
 
 @REWARDS.register("grpo_care", input="text", range="accuracy range * (1 + coef)", paper="GRPO-CARE (arXiv:2506.16141)")
-def grpo_care(*, accuracy: str | dict = "accuracy", margin: float = 0.01, coef: float = 0.5,
-              min_accuracy: float = 0.1) -> Reward:
+def grpo_care(
+    *, accuracy: str | dict = "accuracy", margin: float = 0.01, coef: float = 0.5, min_accuracy: float = 0.1
+) -> Reward:
     """GRPO-CARE: accuracy plus a consistency bonus from field `likelihood` (groupwise hook for the VLM pipeline)."""
     name, _, kwargs = _spec(0, accuracy)
     return CareBonus(load(name, **kwargs), margin=margin, coef=coef, min_accuracy=min_accuracy)

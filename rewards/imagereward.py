@@ -24,25 +24,45 @@ def original_config():
     from transformers import BlipConfig
 
     return BlipConfig(
-        vision_config=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
-                           image_size=224, patch_size=16, layer_norm_eps=1e-6),
-        text_config=dict(vocab_size=30524, hidden_size=768, encoder_hidden_size=1024, intermediate_size=3072,
-                         num_hidden_layers=12, num_attention_heads=12, max_position_embeddings=512),
+        vision_config=dict(
+            hidden_size=1024,
+            intermediate_size=4096,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            image_size=224,
+            patch_size=16,
+            layer_norm_eps=1e-6,
+        ),
+        text_config=dict(
+            vocab_size=30524,
+            hidden_size=768,
+            encoder_hidden_size=1024,
+            intermediate_size=3072,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            max_position_embeddings=512,
+        ),
     )
 
 
 def convert_original_state_dict(sd: dict[str, torch.Tensor]) -> tuple[dict, dict]:
     """Rename an ImageReward.pt state dict (BLIP timm-ViT + BERT + mlp) to (BlipForImageTextRetrieval, MLP) keys."""
-    vis = {"norm1": "layer_norm1", "norm2": "layer_norm2", "attn.qkv": "self_attn.qkv",
-           "attn.proj": "self_attn.projection", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}
+    vis = {
+        "norm1": "layer_norm1",
+        "norm2": "layer_norm2",
+        "attn.qkv": "self_attn.qkv",
+        "attn.proj": "self_attn.projection",
+        "mlp.fc1": "mlp.fc1",
+        "mlp.fc2": "mlp.fc2",
+    }
     blip, head = {}, {}
     for key, value in sd.items():
         if key.startswith("mlp."):
-            head[key[len("mlp."):]] = value
+            head[key[len("mlp.") :]] = value
         elif key.startswith("blip.text_encoder."):
-            blip["text_encoder." + key[len("blip.text_encoder."):]] = value
+            blip["text_encoder." + key[len("blip.text_encoder.") :]] = value
         elif key.startswith("blip.visual_encoder."):
-            k = key[len("blip.visual_encoder."):]
+            k = key[len("blip.visual_encoder.") :]
             if k == "cls_token":
                 blip["vision_model.embeddings.class_embedding"] = value
             elif k == "pos_embed":
@@ -62,8 +82,9 @@ class ImageReward(Reward):
     input = "image"
     needs_prompts = True
 
-    def __init__(self, *, model: str, tokenizer: str, device, dtype, batch_size: int, max_length: int,
-                 standardize: bool):
+    def __init__(
+        self, *, model: str, tokenizer: str, device, dtype, batch_size: int, max_length: int, standardize: bool
+    ):
         from transformers import AutoTokenizer, BlipForImageTextRetrieval
 
         self.device, self.dtype, self.batch_size = parse_device(device), parse_dtype(dtype), batch_size
@@ -77,7 +98,9 @@ class ImageReward(Reward):
             blip_sd, head_sd = convert_original_state_dict(torch.load(path, map_location="cpu", weights_only=True))
             net = BlipForImageTextRetrieval(original_config())
             missing, _ = net.load_state_dict(blip_sd, strict=False)
-            needed = [k for k in missing if k.startswith(("vision_model.", "text_encoder.")) and "position_ids" not in k]
+            needed = [
+                k for k in missing if k.startswith(("vision_model.", "text_encoder.")) and "position_ids" not in k
+            ]
             if needed:
                 raise ValueError(f"{path} is not an ImageReward checkpoint: missing {needed[:3]}...")
             tok_src = tokenizer
@@ -89,29 +112,46 @@ class ImageReward(Reward):
         self.vision = net.vision_model.to(self.device, self.dtype).eval().requires_grad_(False)
         self.text = net.text_encoder.to(self.device, self.dtype).eval().requires_grad_(False)
         self.image_size = net.config.vision_config.image_size
-        self.preprocess = (f"bicubic resize shorter side to {self.image_size}, centre crop, CLIP mean/std; prompt "
-                           f"max {max_length} tokens; score = (MLP - {IR_MEAN:.4f}) / {IR_STD:.4f}")
+        self.preprocess = (
+            f"bicubic resize shorter side to {self.image_size}, centre crop, CLIP mean/std; prompt "
+            f"max {max_length} tokens; score = (MLP - {IR_MEAN:.4f}) / {IR_STD:.4f}"
+        )
 
     def pixels(self, images: list[Any]) -> torch.Tensor:
         """BLIP's eval transform (Resize bicubic, CenterCrop, ToTensor, Normalize) on PIL images."""
         from torchvision import transforms as T
 
-        tf = T.Compose([T.Resize(self.image_size, interpolation=T.InterpolationMode.BICUBIC),
-                        T.CenterCrop(self.image_size), T.ToTensor(), T.Normalize(CLIP_MEAN, CLIP_STD)])
+        tf = T.Compose(
+            [
+                T.Resize(self.image_size, interpolation=T.InterpolationMode.BICUBIC),
+                T.CenterCrop(self.image_size),
+                T.ToTensor(),
+                T.Normalize(CLIP_MEAN, CLIP_STD),
+            ]
+        )
         return torch.stack([tf(im) for im in to_pil_list(images)])
 
     @torch.no_grad()
     def score(self, samples, prompts):
         out = []
         for i in range(0, len(samples), self.batch_size):
-            pix = self.pixels(samples[i: i + self.batch_size]).to(self.device, self.dtype)  # [n, 3, S, S]
-            tok = self.tokenizer(prompts[i: i + self.batch_size], padding="max_length", truncation=True,
-                                 max_length=self.max_length, return_tensors="pt").to(self.device)
+            pix = self.pixels(samples[i : i + self.batch_size]).to(self.device, self.dtype)  # [n, 3, S, S]
+            tok = self.tokenizer(
+                prompts[i : i + self.batch_size],
+                padding="max_length",
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="pt",
+            ).to(self.device)
             with autocast(self.device):
                 img = self.vision(pixel_values=pix).last_hidden_state  # [n, P+1, Dv]
                 att = torch.ones(img.shape[:-1], dtype=torch.long, device=self.device)  # [n, P+1]
-                txt = self.text(input_ids=tok["input_ids"], attention_mask=tok["attention_mask"],
-                                encoder_hidden_states=img, encoder_attention_mask=att).last_hidden_state
+                txt = self.text(
+                    input_ids=tok["input_ids"],
+                    attention_mask=tok["attention_mask"],
+                    encoder_hidden_states=img,
+                    encoder_attention_mask=att,
+                ).last_hidden_state
             r = self.mlp(txt[:, 0, :].float()).squeeze(-1)  # [n]
             out.append((r - IR_MEAN) / IR_STD if self.standardize else r)
         return torch.cat(out)
@@ -124,11 +164,26 @@ def save_pretrained(reward_dir: str, net, tokenizer, mlp) -> None:
     torch.save(mlp.state_dict(), os.path.join(reward_dir, HEAD_FILE))
 
 
-@REWARDS.register("imagereward", input="image", range="about [-2.5, 2.5] (standardised)",
-                  paper="ImageReward (arXiv:2304.05977)")
-def imagereward(*, model: str = "THUDM/ImageReward", tokenizer: str = "bert-base-uncased", device: str = "cpu",
-                dtype: Any = torch.float32, batch_size: int = 16, max_length: int = 35,
-                standardize: bool = True) -> Reward:
+@REWARDS.register(
+    "imagereward", input="image", range="about [-2.5, 2.5] (standardised)", paper="ImageReward (arXiv:2304.05977)"
+)
+def imagereward(
+    *,
+    model: str = "THUDM/ImageReward",
+    tokenizer: str = "bert-base-uncased",
+    device: str = "cpu",
+    dtype: Any = torch.float32,
+    batch_size: int = 16,
+    max_length: int = 35,
+    standardize: bool = True,
+) -> Reward:
     """ImageReward: BLIP image-text cross-encoder + MLP, batched; a transformers dir or the original ImageReward.pt."""
-    return ImageReward(model=model, tokenizer=tokenizer, device=device, dtype=dtype, batch_size=batch_size,
-                       max_length=max_length, standardize=standardize)
+    return ImageReward(
+        model=model,
+        tokenizer=tokenizer,
+        device=device,
+        dtype=dtype,
+        batch_size=batch_size,
+        max_length=max_length,
+        standardize=standardize,
+    )

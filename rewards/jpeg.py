@@ -23,8 +23,12 @@ def _jpeg(name: str, sign: float, quality: int) -> Reward:
     def batch(samples, prompts):
         return [sign * jpeg_kb(s, quality=quality) for s in samples]
 
-    return FunctionReward(batch, name=name, input="image",
-                          preprocess=f"RGB uint8, PIL JPEG quality {quality}; score {'-' if sign < 0 else '+'}size in kB")
+    return FunctionReward(
+        batch,
+        name=name,
+        input="image",
+        preprocess=f"RGB uint8, PIL JPEG quality {quality}; score {'-' if sign < 0 else '+'}size in kB",
+    )
 
 
 @REWARDS.register("jpeg_compressibility", input="image", range="(-inf, 0] kB", paper="DDPO (arXiv:2305.13301)")

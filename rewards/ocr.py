@@ -21,15 +21,21 @@ class OcrReward(Reward):
     def __init__(self, *, model: str, device, dtype, batch_size: int, max_new_tokens: int):
         from transformers import AutoImageProcessor, AutoTokenizer, VisionEncoderDecoderModel
 
-        self.device, self.dtype, self.batch_size, self.max_new_tokens = (parse_device(device), parse_dtype(dtype),
-                                                                         batch_size, max_new_tokens)
+        self.device, self.dtype, self.batch_size, self.max_new_tokens = (
+            parse_device(device),
+            parse_dtype(dtype),
+            batch_size,
+            max_new_tokens,
+        )
         with loading(model, "ocr", "model"):
             self.image_processor = AutoImageProcessor.from_pretrained(model)
             self.tokenizer = AutoTokenizer.from_pretrained(model)
             net = VisionEncoderDecoderModel.from_pretrained(model)
         self.model = net.to(self.device, self.dtype).eval().requires_grad_(False)
-        self.preprocess = ("OCR image processor of the model; target = prompt's quoted text (or field texts); "
-                           "score = 1 - min(ED, len)/len on lower-cased text without spaces")
+        self.preprocess = (
+            "OCR image processor of the model; target = prompt's quoted text (or field texts); "
+            "score = 1 - min(ED, len)/len on lower-cased text without spaces"
+        )
 
     @torch.no_grad()
     def read(self, samples: list[Any]) -> list[str]:
@@ -37,10 +43,14 @@ class OcrReward(Reward):
         out = []
         images = to_pil_list(samples)
         for i in range(0, len(images), self.batch_size):
-            pix = self.image_processor(images=images[i: i + self.batch_size], return_tensors="pt")["pixel_values"]
+            pix = self.image_processor(images=images[i : i + self.batch_size], return_tensors="pt")["pixel_values"]
             with autocast(self.device):
-                ids = self.model.generate(pixel_values=pix.to(self.device, self.dtype), num_beams=1,
-                                          do_sample=False, max_new_tokens=self.max_new_tokens)
+                ids = self.model.generate(
+                    pixel_values=pix.to(self.device, self.dtype),
+                    num_beams=1,
+                    do_sample=False,
+                    max_new_tokens=self.max_new_tokens,
+                )
             out += self.tokenizer.batch_decode(ids, skip_special_tokens=True)
         return out
 
@@ -48,13 +58,21 @@ class OcrReward(Reward):
         targets = list(texts) if texts is not None else [rules.quoted_text(p) for p in prompts]
         for i, t in enumerate(targets):
             if t is None:
-                raise ValueError(f"prompt {i} ({prompts[i]!r}) has no quoted text to read; quote the text to render "
-                                 'like: a sign that says "OPEN", or pass field texts=[...]')
+                raise ValueError(
+                    f"prompt {i} ({prompts[i]!r}) has no quoted text to read; quote the text to render "
+                    'like: a sign that says "OPEN", or pass field texts=[...]'
+                )
         return [rules.ocr_similarity(r, t) for r, t in zip(self.read(samples), targets)]
 
 
 @REWARDS.register("ocr", input="image", range="[0, 1]", paper="Flow-GRPO OCR reward (arXiv:2505.05470)")
-def ocr(*, model: str = "microsoft/trocr-base-printed", device: str = "cpu", dtype: Any = torch.float32,
-        batch_size: int = 16, max_new_tokens: int = 32) -> Reward:
+def ocr(
+    *,
+    model: str = "microsoft/trocr-base-printed",
+    device: str = "cpu",
+    dtype: Any = torch.float32,
+    batch_size: int = 16,
+    max_new_tokens: int = 32,
+) -> Reward:
     """OCR: 1 - normalised edit distance between the prompt's quoted text and a TrOCR-style model's reading."""
     return OcrReward(model=model, device=device, dtype=dtype, batch_size=batch_size, max_new_tokens=max_new_tokens)

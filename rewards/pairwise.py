@@ -75,12 +75,25 @@ class PairwiseReward(Reward):
 
     kind = "groupwise"
 
-    def __init__(self, *, base: Reward | None = None, judge: Callable[[Any, Any, str | None], Any] | None = None,
-                 tie_eps: float = 0.0, temperature: float | None = None, symmetric: bool = True,
-                 name: str = "pairwise"):
+    def __init__(
+        self,
+        *,
+        base: Reward | None = None,
+        judge: Callable[[Any, Any, str | None], Any] | None = None,
+        tie_eps: float = 0.0,
+        temperature: float | None = None,
+        symmetric: bool = True,
+        name: str = "pairwise",
+    ):
         if (base is None) == (judge is None):
             raise ValueError("pass exactly one of base (a pointwise reward to compare) or judge (a pairwise callable)")
-        self.base, self.judge, self.tie_eps, self.temperature, self.symmetric = base, judge, tie_eps, temperature, symmetric
+        self.base, self.judge, self.tie_eps, self.temperature, self.symmetric = (
+            base,
+            judge,
+            tie_eps,
+            temperature,
+            symmetric,
+        )
         self.name = name
         self.input = base.input if base is not None else "image"
         self.needs_prompts = base.needs_prompts if base is not None else False
@@ -88,8 +101,9 @@ class PairwiseReward(Reward):
         how = f"{base.name} scores compared" if base is not None else "judge(a, b, prompt) on every pair"
         self.preprocess = f"{how}; tie/unparsable = 0.5; win rate over the other G-1 group members"
 
-    def win_matrix(self, samples: Any, prompts: list[str] | None = None, *, group_size: int,
-                   **fields: Any) -> tuple[Tensor, Tensor]:
+    def win_matrix(
+        self, samples: Any, prompts: list[str] | None = None, *, group_size: int, **fields: Any
+    ) -> tuple[Tensor, Tensor]:
         """(prefs [B, G, G], win rates [B, G]) for contiguous groups of `group_size` samples."""
         samples = list(samples)
         g = check_group_size(group_size, len(samples), self.name)
@@ -125,7 +139,8 @@ class PairwiseReward(Reward):
 
 
 @REWARDS.register("pairwise", input="image", range="[0, 1]", paper="Pref-GRPO (arXiv:2508.20751)")
-def pairwise(*, base: str = "pickscore", base_kwargs: dict | None = None, tie_eps: float = 0.0,
-             temperature: float | None = None) -> Reward:
+def pairwise(
+    *, base: str = "pickscore", base_kwargs: dict | None = None, tie_eps: float = 0.0, temperature: float | None = None
+) -> Reward:
     """Pref-GRPO win rate: every pair of a group compared by a pointwise scorer; groupwise, needs group_size."""
     return PairwiseReward(base=load(base, **(base_kwargs or {})), tie_eps=tie_eps, temperature=temperature)

@@ -10,8 +10,14 @@ from rewards import rules
 from rewards.api import REWARDS, FunctionReward, Reward
 
 
-def _per_sample(name: str, fn: Callable[..., float], *, fields: tuple[str, ...] = (),
-                required: tuple[str, ...] = (), preprocess: str = "") -> Reward:
+def _per_sample(
+    name: str,
+    fn: Callable[..., float],
+    *,
+    fields: tuple[str, ...] = (),
+    required: tuple[str, ...] = (),
+    preprocess: str = "",
+) -> Reward:
     """A text Reward applying fn(text, **{field: value_i}) to each sample."""
 
     def batch(samples, prompts, **given):
@@ -26,15 +32,20 @@ def _per_sample(name: str, fn: Callable[..., float], *, fields: tuple[str, ...] 
 
 
 @REWARDS.register("format", input="text", range="{0, 1}", paper="DeepSeek-R1 / R1-V; TON (arXiv:2505.16854)")
-def format_reward(*, mode: str = "strict", allow_empty_think: bool = False, think_tag: str = "think",
-                  answer_tag: str = "answer") -> Reward:
+def format_reward(
+    *, mode: str = "strict", allow_empty_think: bool = False, think_tag: str = "think", answer_tag: str = "answer"
+) -> Reward:
     """Think/answer format: 1 if the completion is <think>..</think><answer>..</answer> (strict or lenient), else 0."""
     rules.format_ok("", mode=mode)  # validates mode now, not at the first batch
 
     def fn(text):
-        return rules.format_ok(text, mode=mode, allow_empty_think=allow_empty_think, think=think_tag, answer=answer_tag)
+        return rules.format_ok(
+            text, mode=mode, allow_empty_think=allow_empty_think, think=think_tag, answer=answer_tag
+        )
 
-    return _per_sample("format", fn, preprocess=f"regex ({mode}); empty think {'allowed' if allow_empty_think else 'not allowed'}")
+    return _per_sample(
+        "format", fn, preprocess=f"regex ({mode}); empty think {'allowed' if allow_empty_think else 'not allowed'}"
+    )
 
 
 @REWARDS.register("accuracy", input="text", range="{0, 1}", paper="R1-V / VLM-R1 (math-verify)")
@@ -42,11 +53,17 @@ def accuracy_reward(*, timeout: float = 5.0, tag: str = "answer", use_math_verif
     """Answer accuracy: math-verify equivalence (timeout) with an exact/numeric/fraction fallback; field `answers`."""
 
     def fn(text, answers):
-        return rules.math_equal(rules.answer_text(text, tag), str(answers), timeout=timeout,
-                                use_math_verify=use_math_verify)
+        return rules.math_equal(
+            rules.answer_text(text, tag), str(answers), timeout=timeout, use_math_verify=use_math_verify
+        )
 
-    return _per_sample("accuracy", fn, fields=("answers",), required=("answers",),
-                       preprocess=f"last <{tag}> block (or whole text), math-verify then normalised match")
+    return _per_sample(
+        "accuracy",
+        fn,
+        fields=("answers",),
+        required=("answers",),
+        preprocess=f"last <{tag}> block (or whole text), math-verify then normalised match",
+    )
 
 
 @REWARDS.register("multiple_choice", input="text", range="{0, 1}", paper="Video-R1 (arXiv:2503.21776)")
@@ -59,8 +76,13 @@ def multiple_choice_reward(*, tag: str = "answer") -> Reward:
             raise ValueError(f"answers entry {answers!r} is not a single option letter like 'B'")
         return rules.choice_letter(rules.answer_text(text, tag)) == gold
 
-    return _per_sample("multiple_choice", fn, fields=("answers",), required=("answers",),
-                       preprocess=f"last <{tag}> block must be one letter: 'B', '(B)', 'B. text'")
+    return _per_sample(
+        "multiple_choice",
+        fn,
+        fields=("answers",),
+        required=("answers",),
+        preprocess=f"last <{tag}> block must be one letter: 'B', '(B)', 'B. text'",
+    )
 
 
 @REWARDS.register("numeric", input="text", range="{0, 1}", paper="Video-R1 (arXiv:2503.21776)")
@@ -72,8 +94,13 @@ def numeric_reward(*, atol: float = 1e-6, rtol: float = 0.0, tag: str = "answer"
     def fn(text, answers):
         return rules.numeric_close(rules.answer_text(text, tag), answers, atol=atol, rtol=rtol)
 
-    return _per_sample("numeric", fn, fields=("answers",), required=("answers",),
-                       preprocess="numbers, fractions, percentages parsed exactly")
+    return _per_sample(
+        "numeric",
+        fn,
+        fields=("answers",),
+        required=("answers",),
+        preprocess="numbers, fractions, percentages parsed exactly",
+    )
 
 
 @REWARDS.register("box_iou", input="text", range="[0, 1]", paper="VLM-R1 (arXiv:2504.07615)")
@@ -85,20 +112,32 @@ def box_iou_reward(*, threshold: float | None = None, tag: str = "answer") -> Re
         if pred is None:
             return 0.0
         if (input_sizes is None) != (image_sizes is None):
-            raise ValueError("pass both input_sizes (the frame the model saw) and image_sizes (the box frame) or neither")
+            raise ValueError(
+                "pass both input_sizes (the frame the model saw) and image_sizes (the box frame) or neither"
+            )
         if input_sizes is not None:
             pred = rules.rescale_box(pred, input_sizes, image_sizes)
         iou = rules.box_iou(pred, [float(v) for v in boxes])
         return iou if threshold is None else float(iou >= threshold)
 
-    return _per_sample("box_iou", fn, fields=("boxes", "input_sizes", "image_sizes"), required=("boxes",),
-                       preprocess="first [x1,y1,x2,y2] in the answer; continuous IoU")
+    return _per_sample(
+        "box_iou",
+        fn,
+        fields=("boxes", "input_sizes", "image_sizes"),
+        required=("boxes",),
+        preprocess="first [x1,y1,x2,y2] in the answer; continuous IoU",
+    )
 
 
-@REWARDS.register("temporal_iou", input="text", range="[0, 1] (tempsamp: about [0.09, 0.81])",
-                  paper="VideoChat-R1; TempSamp-R1 shaping")
-def temporal_iou_reward(*, shaping: str = "none", threshold: float = 0.8, alpha: float = 1.0,
-                        tag: str = "answer") -> Reward:
+@REWARDS.register(
+    "temporal_iou",
+    input="text",
+    range="[0, 1] (tempsamp: about [0.09, 0.81])",
+    paper="VideoChat-R1; TempSamp-R1 shaping",
+)
+def temporal_iou_reward(
+    *, shaping: str = "none", threshold: float = 0.8, alpha: float = 1.0, tag: str = "answer"
+) -> Reward:
     """Temporal IoU of the predicted (start, end) vs field `spans`; empty union scores 0; optional TempSamp shaping."""
     if shaping not in ("none", "tempsamp"):
         raise ValueError(f"shaping={shaping!r} must be 'none' or 'tempsamp'")
@@ -108,8 +147,9 @@ def temporal_iou_reward(*, shaping: str = "none", threshold: float = 0.8, alpha:
         iou = 0.0 if pred is None else rules.temporal_iou(pred, [float(v) for v in spans])
         return iou if shaping == "none" else rules.tempsamp_shaping(iou, threshold=threshold, alpha=alpha)
 
-    return _per_sample("temporal_iou", fn, fields=("spans",), required=("spans",),
-                       preprocess="'X to Y' seconds from the answer")
+    return _per_sample(
+        "temporal_iou", fn, fields=("spans",), required=("spans",), preprocess="'X to Y' seconds from the answer"
+    )
 
 
 def _lengths(samples: list[str], lengths: Any) -> list[int]:
@@ -117,20 +157,37 @@ def _lengths(samples: list[str], lengths: Any) -> list[int]:
 
 
 @REWARDS.register("cosine_length", input="text", range="[-0.5, 1] by default", paper="arXiv:2502.03373")
-def cosine_length_reward(*, max_len: int = 1024, correct_range: tuple[float, float] = (0.5, 1.0),
-                         wrong_range: tuple[float, float] = (-0.5, 0.0), timeout: float = 5.0) -> Reward:
+def cosine_length_reward(
+    *,
+    max_len: int = 1024,
+    correct_range: tuple[float, float] = (0.5, 1.0),
+    wrong_range: tuple[float, float] = (-0.5, 0.0),
+    timeout: float = 5.0,
+) -> Reward:
     """Cosine length reward using real correctness (field `correct`, or `answers` checked by accuracy)."""
 
     def batch(samples, prompts, lengths=None, correct=None, answers=None):
         if correct is None and answers is None:
-            raise ValueError("cosine_length needs field correct=[...] or answers=[...] to know which answers are right")
+            raise ValueError(
+                "cosine_length needs field correct=[...] or answers=[...] to know which answers are right"
+            )
         if correct is None:
-            correct = [rules.math_equal(rules.answer_text(s), str(a), timeout=timeout) for s, a in zip(samples, answers)]
-        return [rules.cosine_length(n, bool(c), max_len=max_len, correct_range=tuple(correct_range),
-                                    wrong_range=tuple(wrong_range)) for n, c in zip(_lengths(samples, lengths), correct)]
+            correct = [
+                rules.math_equal(rules.answer_text(s), str(a), timeout=timeout) for s, a in zip(samples, answers)
+            ]
+        return [
+            rules.cosine_length(
+                n, bool(c), max_len=max_len, correct_range=tuple(correct_range), wrong_range=tuple(wrong_range)
+            )
+            for n, c in zip(_lengths(samples, lengths), correct)
+        ]
 
-    return FunctionReward(batch, name="cosine_length", fields=("lengths", "correct", "answers"),
-                          preprocess="length = field lengths (tokens) or characters")
+    return FunctionReward(
+        batch,
+        name="cosine_length",
+        fields=("lengths", "correct", "answers"),
+        preprocess="length = field lengths (tokens) or characters",
+    )
 
 
 @REWARDS.register("overlong", input="text", range="[-1, 0]", paper="DAPO (arXiv:2503.14476)")
@@ -141,8 +198,9 @@ def overlong_reward(*, max_len: int = 1024, cache_len: int = 256) -> Reward:
     def batch(samples, prompts, lengths=None):
         return [rules.overlong_penalty(n, max_len=max_len, cache_len=cache_len) for n in _lengths(samples, lengths)]
 
-    return FunctionReward(batch, name="overlong", fields=("lengths",),
-                          preprocess="length = field lengths (tokens) or characters")
+    return FunctionReward(
+        batch, name="overlong", fields=("lengths",), preprocess="length = field lengths (tokens) or characters"
+    )
 
 
 @REWARDS.register("wer", input="text", range="[0, 1]", paper="Video-R1 OCR reward (arXiv:2503.21776)")
@@ -162,5 +220,6 @@ def edit_similarity_reward(*, tag: str = "answer") -> Reward:
     def fn(text, answers):
         return rules.ocr_similarity(rules.answer_text(text, tag), str(answers))
 
-    return _per_sample("edit_similarity", fn, fields=("answers",), required=("answers",),
-                       preprocess="lower-case, whitespace removed")
+    return _per_sample(
+        "edit_similarity", fn, fields=("answers",), required=("answers",), preprocess="lower-case, whitespace removed"
+    )

@@ -24,8 +24,9 @@ def answer_text(text: str, tag: str = "answer") -> str:
     return text.strip() if inner is None else inner
 
 
-def format_ok(text: str, *, mode: str = "strict", allow_empty_think: bool = False,
-              think: str = "think", answer: str = "answer") -> bool:
+def format_ok(
+    text: str, *, mode: str = "strict", allow_empty_think: bool = False, think: str = "think", answer: str = "answer"
+) -> bool:
     """Whether `text` follows the <think>...</think><answer>...</answer> format (R1-V, VLM-R1; TON empty think).
 
     strict: exactly one think block then one non-empty answer block, nothing else but whitespace.
@@ -58,7 +59,7 @@ def _unbox(s: str) -> str:
     while i < len(s) and depth:
         depth += {"{": 1, "}": -1}.get(s[i], 0)
         i += 1
-    return s[m.end(): i - 1] if depth == 0 else s
+    return s[m.end() : i - 1] if depth == 0 else s
 
 
 def normalize_answer(s: str) -> str:
@@ -218,9 +219,14 @@ def tempsamp_shaping(iou: float, *, threshold: float = 0.8, alpha: float = 1.0) 
     return threshold - math.expm1(alpha * (threshold - iou)) / math.expm1(alpha)
 
 
-def cosine_length(length: int, correct: bool, *, max_len: int = 1024,
-                  correct_range: tuple[float, float] = (0.5, 1.0),
-                  wrong_range: tuple[float, float] = (-0.5, 0.0)) -> float:
+def cosine_length(
+    length: int,
+    correct: bool,
+    *,
+    max_len: int = 1024,
+    correct_range: tuple[float, float] = (0.5, 1.0),
+    wrong_range: tuple[float, float] = (-0.5, 0.0),
+) -> float:
     """Cosine length reward (Yeo et al., arXiv:2502.03373): short correct answers and long wrong ones score higher.
 
     c = cos(pi * min(L, L_max) / L_max); correct: lo + (hi - lo) * (1 + c) / 2; wrong: hi - (hi - lo) * (1 + c) / 2.

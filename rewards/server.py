@@ -44,7 +44,7 @@ def _png(image: Image.Image) -> dict:
 def decode_sample(obj: Any, i: int) -> Any:
     if not isinstance(obj, dict) or len(obj) != 1:
         raise ValueError(f"samples[{i}] must be an object with one key: text, png or video")
-    (key, value), = obj.items()
+    ((key, value),) = obj.items()
     if key == "text":
         if not isinstance(value, str):
             raise ValueError(f"samples[{i}].text must be a string")
@@ -123,7 +123,7 @@ class Batcher:
         scores = self.reward(samples, prompts, **fields).tolist()
         start = 0
         for j in jobs:
-            j.result = scores[start: start + len(j.samples)]
+            j.result = scores[start : start + len(j.samples)]
             start += len(j.samples)
             j.done.set()
 
@@ -132,8 +132,17 @@ class RewardServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 1024  # many clients connect at once; the default backlog of 5 drops SYNs
 
-    def __init__(self, rewards: dict[str, Reward], *, host: str = "127.0.0.1", port: int = 8000,
-                 token: str | None = None, max_batch: int = 64, wait_ms: float = 5.0, timeout: float = 600.0):
+    def __init__(
+        self,
+        rewards: dict[str, Reward],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        token: str | None = None,
+        max_batch: int = 64,
+        wait_ms: float = 5.0,
+        timeout: float = 600.0,
+    ):
         self.rewards, self.token, self.timeout_s = rewards, token, timeout
         self.batchers = {n: Batcher(r, max_batch=max_batch, wait_s=wait_ms / 1000) for n, r in rewards.items()}
         super().__init__((host, port), _Handler)
@@ -180,7 +189,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif name in self.server.rewards:
             self._send(HTTPStatus.OK, _info(self.server.rewards[name]))
         else:
-            self._send(HTTPStatus.NOT_FOUND, {"error": f"unknown reward {name!r}; served: {sorted(self.server.rewards)}"})
+            self._send(
+                HTTPStatus.NOT_FOUND, {"error": f"unknown reward {name!r}; served: {sorted(self.server.rewards)}"}
+            )
 
     def do_POST(self):
         length = int(self.headers.get("Content-Length") or 0)
@@ -189,7 +200,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         name = self._reward_name()
         if name not in self.server.rewards:
-            self._send(HTTPStatus.NOT_FOUND, {"error": f"unknown reward {name!r}; served: {sorted(self.server.rewards)}"})
+            self._send(
+                HTTPStatus.NOT_FOUND, {"error": f"unknown reward {name!r}; served: {sorted(self.server.rewards)}"}
+            )
             return
         try:
             job = _parse(body, length)
@@ -201,14 +214,22 @@ class _Handler(BaseHTTPRequestHandler):
         except ValueError as err:  # the reward rejected the input (missing field, wrong count...)
             self._send(HTTPStatus.BAD_REQUEST, {"error": f"reward {name!r}: {err}"})
         except Exception as err:
-            self._send(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"reward {name!r} failed: {type(err).__name__}: {err}"})
+            self._send(
+                HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"reward {name!r} failed: {type(err).__name__}: {err}"}
+            )
         else:
             self._send(HTTPStatus.OK, {"scores": scores})
 
 
 def _info(r: Reward) -> dict:
-    return {"name": r.name, "kind": r.kind, "input": r.input, "preprocess": r.preprocess, "fields": list(r.fields),
-            "needs_prompts": bool(getattr(r, "needs_prompts", False))}
+    return {
+        "name": r.name,
+        "kind": r.kind,
+        "input": r.input,
+        "preprocess": r.preprocess,
+        "fields": list(r.fields),
+        "needs_prompts": bool(getattr(r, "needs_prompts", False)),
+    }
 
 
 def _parse(body: bytes, length: int) -> _Job:
@@ -229,8 +250,15 @@ def _parse(body: bytes, length: int) -> _Job:
     return _Job(samples, prompts, fields, data.get("group_size"))
 
 
-def make_server(names: list[str], *, host: str = "127.0.0.1", port: int = 8000, token: str | None = None,
-                reward_kwargs: dict[str, dict] | None = None, **kw: Any) -> RewardServer:
+def make_server(
+    names: list[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    token: str | None = None,
+    reward_kwargs: dict[str, dict] | None = None,
+    **kw: Any,
+) -> RewardServer:
     """Load each named reward once and bind a RewardServer (call .serve_forever(), .shutdown() to stop)."""
     if not names:
         raise ValueError("serve at least one reward, e.g. --rewards pickscore,clip_score")

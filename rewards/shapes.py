@@ -19,5 +19,10 @@ def shapes_geneval(*, mode: str = "partial") -> Reward:
             raise ValueError(f"shapes_geneval needs pipelines.shapes.verifier, which failed to import: {err}") from err
         return score(list(samples), list(prompts), mode=mode)
 
-    return FunctionReward(batch, name="shapes_geneval", input="image", needs_prompts=True,
-                          preprocess=f"rendered-scene verifier ({mode}); images PIL/uint8/float CHW")
+    return FunctionReward(
+        batch,
+        name="shapes_geneval",
+        input="image",
+        needs_prompts=True,
+        preprocess=f"rendered-scene verifier ({mode}); images PIL/uint8/float CHW",
+    )

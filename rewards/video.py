@@ -25,19 +25,24 @@ class FrameReward(Reward):
         if num_frames < 1:
             raise ValueError(f"num_frames={num_frames} must be >= 1")
         if image_reward.input != "image" or image_reward.kind != "pointwise":
-            raise ValueError(f"frame rewards need a pointwise image reward, got {image_reward.name!r} "
-                             f"({image_reward.kind}, input={image_reward.input})")
+            raise ValueError(
+                f"frame rewards need a pointwise image reward, got {image_reward.name!r} "
+                f"({image_reward.kind}, input={image_reward.input})"
+            )
         self.image_reward, self.num_frames, self.reduce = image_reward, num_frames, reduce
         self.needs_prompts = image_reward.needs_prompts
-        self.preprocess = (f"{num_frames} frames at np.linspace indices, each: {image_reward.preprocess}; "
-                           f"{reduce} over frames")
+        self.preprocess = (
+            f"{num_frames} frames at np.linspace indices, each: {image_reward.preprocess}; {reduce} over frames"
+        )
 
     def score(self, samples, prompts):
         frames = [read_frames(v, self.num_frames) for v in samples]
         counts = {len(f) for f in frames}
         if len(counts) != 1:  # short videos give fewer frames: score them one by one
-            return [self._reduce(self._frames_score(f, None if prompts is None else prompts[i]))
-                    for i, f in enumerate(frames)]
+            return [
+                self._reduce(self._frames_score(f, None if prompts is None else prompts[i]))
+                for i, f in enumerate(frames)
+            ]
         t = counts.pop()
         flat = [im for f in frames for im in f]  # one batched call over all N*T frames
         flat_prompts = None if prompts is None else [p for p in prompts for _ in range(t)]
@@ -50,10 +55,15 @@ class FrameReward(Reward):
         return float(_REDUCE[self.reduce](s))
 
 
-@REWARDS.register("video_frames", input="video", range="the image reward's range",
-                  paper="DanceGRPO / Pref-GRPO frame-sampled rewards")
-def video_frames(*, image_reward: str = "pickscore", image_kwargs: dict | None = None, num_frames: int = 8,
-                 reduce: str = "mean") -> Reward:
+@REWARDS.register(
+    "video_frames",
+    input="video",
+    range="the image reward's range",
+    paper="DanceGRPO / Pref-GRPO frame-sampled rewards",
+)
+def video_frames(
+    *, image_reward: str = "pickscore", image_kwargs: dict | None = None, num_frames: int = 8, reduce: str = "mean"
+) -> Reward:
     """Video as frames: an image reward on num_frames evenly spaced frames, reduced by mean, min or max."""
     return FrameReward(load(image_reward, **(image_kwargs or {})), num_frames=num_frames, reduce=reduce)
 
@@ -63,8 +73,15 @@ class VideoModelReward(Reward):
 
     input = "video"
 
-    def __init__(self, fn: Callable[[list[list[Any]], list[str] | None], Any], *, num_frames: int = 16,
-                 name: str = "video_model", preprocess: str = "", needs_prompts: bool = True):
+    def __init__(
+        self,
+        fn: Callable[[list[list[Any]], list[str] | None], Any],
+        *,
+        num_frames: int = 16,
+        name: str = "video_model",
+        preprocess: str = "",
+        needs_prompts: bool = True,
+    ):
         self.fn, self.num_frames, self.name, self.needs_prompts = fn, num_frames, name, needs_prompts
         self.preprocess = preprocess or f"{num_frames} frames at np.linspace indices as PIL, passed to the model"
 

@@ -156,7 +156,7 @@ def test_unwritable_output_dir_at_mkdir_time(capsys, tmp_path, monkeypatch):
     assert_one_line_error(code, err, "run.output_dir", "a_file/run1", "cannot be written", "run.output_dir=")
 
 
-def test_empty_dataset(capsys, tmp_path):
+def test_empty_dataset(capsys, tmp_path, monkeypatch):
     name = "test_cli_errors_empty"
 
     def build_empty(**kwargs):
@@ -164,8 +164,10 @@ def test_empty_dataset(capsys, tmp_path):
         task.train_data = []
         return task
 
-    if name not in PIPELINES:
-        PIPELINES.register(name, build_empty)
+    # register on copies of the tables so the test pipeline is gone again after this test
+    monkeypatch.setattr(PIPELINES, "_items", dict(PIPELINES._items))
+    monkeypatch.setattr(PIPELINES, "_meta", dict(PIPELINES._meta))
+    PIPELINES.register(name, build_empty)
     code, err = run_cli(capsys, ["train", TOY, *TINY, f"pipeline.name={name}", f"run.output_dir={tmp_path}/out"])
     assert_one_line_error(code, err, f"pipeline {name!r}", "empty training set", "pipeline.kwargs")
 

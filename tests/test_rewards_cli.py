@@ -27,8 +27,19 @@ def test_list_prints_every_reward(parser, capsys):
 
 
 def test_score_text_with_fields_and_kwargs(parser, capsys):
-    args = parser.parse_args(["rewards", "score", "numeric", "<answer>3.14</answer>", "--kw", "atol=0.01",
-                              "--field", "answers=3.14159", "--json"])
+    args = parser.parse_args(
+        [
+            "rewards",
+            "score",
+            "numeric",
+            "<answer>3.14</answer>",
+            "--kw",
+            "atol=0.01",
+            "--field",
+            "answers=3.14159",
+            "--json",
+        ]
+    )
     assert args.func(args) == 0
     assert json.loads(capsys.readouterr().out) == {"reward": "numeric", "score": 1.0}
 
@@ -44,10 +55,12 @@ def test_score_image_file(parser, capsys, tmp_path):
 
 @pytest.mark.parametrize(
     "argv, match",
-    [(["rewards", "score", "pickscor", "x.png", "p"], "did you mean 'pickscore'"),
-     (["rewards", "score", "format", "x", "--kw", "mode"], "key=value"),
-     (["rewards", "score", "jpeg_compressibility", "/no/such.png"], "not a file"),
-     (["rewards", "score", "accuracy", "4"], "answers")],
+    [
+        (["rewards", "score", "pickscor", "x.png", "p"], "did you mean 'pickscore'"),
+        (["rewards", "score", "format", "x", "--kw", "mode"], "key=value"),
+        (["rewards", "score", "jpeg_compressibility", "/no/such.png"], "not a file"),
+        (["rewards", "score", "accuracy", "4"], "answers"),
+    ],
 )
 def test_score_user_errors_are_one_line(parser, argv, match):
     args = parser.parse_args(argv)

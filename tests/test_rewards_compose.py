@@ -45,8 +45,9 @@ def test_load_unknown_and_bad_kwargs():
 
 def test_reward_set_weighted_sum():
     texts = ["<think>r</think><answer>4</answer>", "<think>r</think><answer>5</answer>", "4"]
-    rs = rewards.RewardSet([{"name": "format", "weight": 0.5},
-                            {"name": "accuracy", "weight": 2.0, "kwargs": {"use_math_verify": False}}])
+    rs = rewards.RewardSet(
+        [{"name": "format", "weight": 0.5}, {"name": "accuracy", "weight": 2.0, "kwargs": {"use_math_verify": False}}]
+    )
     per, total = rs(texts, ["q"] * 3, group_size=3, answers=["4", "4", "4"])
     # format [1, 1, 0], accuracy [1, 0, 1] -> total 0.5*f + 2*a = [2.5, 0.5, 2.0]
     assert per.dtype == torch.float32 and per.shape == (3, 2)
@@ -108,16 +109,27 @@ def test_trust_weight_hand_values():
 
 def test_trust_grpo_reward_end_to_end():
     # one group of 4; answer = accuracy, thinking = format (1 when think/answer tags are right)
-    texts = ["<think>a</think><answer>4</answer>", "4", "<think>a</think><answer>5</answer>",
-             "<think>b</think><answer>6</answer>"]
-    r = rewards.load("trust_grpo", answer={"name": "accuracy", "kwargs": {"use_math_verify": False}},
-                     thinking="format", anneal_steps=100.0, base=0.3, gate=0.0)
+    texts = [
+        "<think>a</think><answer>4</answer>",
+        "4",
+        "<think>a</think><answer>5</answer>",
+        "<think>b</think><answer>6</answer>",
+    ]
+    r = rewards.load(
+        "trust_grpo",
+        answer={"name": "accuracy", "kwargs": {"use_math_verify": False}},
+        thinking="format",
+        anneal_steps=100.0,
+        base=0.3,
+        gate=0.0,
+    )
     out = r(texts, answers=["4"] * 4, step=[0] * 4, group_size=4)
     # acc [1,1,0,0]; format [1,0,1,1]; correct think mean 0.5 < wrong think mean 1.0 -> w = 0.3 e^-0.5
     w = 0.3 * math.exp(-0.5)
     assert out.tolist() == pytest.approx([1 + w, 1.0, w, w])
-    gated = rewards.load("trust_grpo", answer={"name": "accuracy", "kwargs": {"use_math_verify": False}},
-                         thinking="format", gate=0.2)(texts, answers=["4"] * 4, step=[0] * 4, group_size=4)
+    gated = rewards.load(
+        "trust_grpo", answer={"name": "accuracy", "kwargs": {"use_math_verify": False}}, thinking="format", gate=0.2
+    )(texts, answers=["4"] * 4, step=[0] * 4, group_size=4)
     # with the 0.2 gate the wrong answers get no thinking reward: think [1,0,0,0], correct mean 0.5 > 0 -> w = 0.3
     assert gated.tolist() == pytest.approx([1.3, 1.0, 0.0, 0.0])
 

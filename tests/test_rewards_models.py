@@ -103,7 +103,7 @@ def test_pickscore_differentiable_gradient(tiny, images):
     assert fd.item() == pytest.approx((x.grad * d).sum().item(), rel=1e-3)
 
 
-# ---- aesthetic (CLIP ViT-L/14 + MLP) ---------------------------------------------------------------------------------
+# ---- aesthetic (CLIP ViT-L/14 + MLP) --------------------------------------------------------------------------------
 def test_aesthetic_matches_independent_path(tiny, images):
     from transformers import CLIPModel, CLIPProcessor
 
@@ -121,14 +121,15 @@ def test_aesthetic_matches_independent_path(tiny, images):
     torch.testing.assert_close(r(pils), h.squeeze(-1), atol=1e-5, rtol=1e-5)
 
 
-# ---- open_clip: HPSv2.1 and CLIP score ------------------------------------------------------------------------------------
+# ---- open_clip: HPSv2.1 and CLIP score ------------------------------------------------------------------------------
 def test_hps_and_clip_score_match_open_clip(tiny, images):
     import open_clip
 
     pils = [_pil(x) for x in images]
     hps = rewards.load("hpsv2", model=_tiny.TINY_OPEN_CLIP, checkpoint=tiny["open_clip"])
-    cs = rewards.load("clip_score", model=_tiny.TINY_OPEN_CLIP, pretrained=None, checkpoint=tiny["open_clip"],
-                      scale=100.0)
+    cs = rewards.load(
+        "clip_score", model=_tiny.TINY_OPEN_CLIP, pretrained=None, checkpoint=tiny["open_clip"], scale=100.0
+    )
     model, _, preprocess = open_clip.create_model_and_transforms(_tiny.TINY_OPEN_CLIP, pretrained=None)
     model.load_state_dict(torch.load(tiny["open_clip"], weights_only=True)["state_dict"])
     model.eval()
@@ -144,7 +145,7 @@ def test_hps_and_clip_score_match_open_clip(tiny, images):
     assert x.grad.abs().sum() > 0
 
 
-# ---- ImageReward (BLIP) ----------------------------------------------------------------------------------------------
+# ---- ImageReward (BLIP) ---------------------------------------------------------------------------------------------
 def test_imagereward_batched_matches_independent_loop(tiny, images):
     from torchvision import transforms as T
     from transformers import BertTokenizer, BlipForImageTextRetrieval
@@ -157,15 +158,22 @@ def test_imagereward_batched_matches_independent_loop(tiny, images):
     net = BlipForImageTextRetrieval.from_pretrained(tiny["ir"]).eval()
     tok = BertTokenizer.from_pretrained(tiny["ir"])
     head = torch.load(f"{tiny['ir']}/imagereward_head.pt", weights_only=True)
-    tf = T.Compose([T.Resize(32, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(32), T.ToTensor(),
-                    T.Normalize(CLIP_MEAN, CLIP_STD)])
+    tf = T.Compose(
+        [
+            T.Resize(32, interpolation=T.InterpolationMode.BICUBIC),
+            T.CenterCrop(32),
+            T.ToTensor(),
+            T.Normalize(CLIP_MEAN, CLIP_STD),
+        ]
+    )
     expect = []
     with torch.no_grad():
         for im, p in zip(pils, PROMPTS):  # one image at a time, as the image-reward package does
             emb = net.vision_model(pixel_values=tf(im)[None]).last_hidden_state
             t = tok(p, padding="max_length", truncation=True, max_length=35, return_tensors="pt")
-            h = net.text_encoder(input_ids=t["input_ids"], attention_mask=t["attention_mask"],
-                                 encoder_hidden_states=emb).last_hidden_state[:, 0]
+            h = net.text_encoder(
+                input_ids=t["input_ids"], attention_mask=t["attention_mask"], encoder_hidden_states=emb
+            ).last_hidden_state[:, 0]
             for i in (0, 2, 4, 6, 7):
                 h = h @ head[f"layers.{i}.weight"].T + head[f"layers.{i}.bias"]
             expect.append((h.item() - IR_MEAN) / IR_STD)
@@ -187,8 +195,9 @@ def test_imagereward_original_checkpoint_conversion(tiny):
         "blip.visual_encoder.blocks.0.attn.proj.bias": net.vision_model.encoder.layers[0].self_attn.projection.bias,
         "blip.visual_encoder.blocks.0.norm2.weight": net.vision_model.encoder.layers[0].layer_norm2.weight,
         "blip.visual_encoder.norm.bias": net.vision_model.post_layernorm.bias,
-        "blip.text_encoder.encoder.layer.0.crossattention.self.query.weight":
-            net.text_encoder.encoder.layer[0].crossattention.self.query.weight,
+        "blip.text_encoder.encoder.layer.0.crossattention.self.query.weight": net.text_encoder.encoder.layer[
+            0
+        ].crossattention.self.query.weight,
         "mlp.layers.0.weight": torch.zeros(1),
     }
     blip, head = convert_original_state_dict(original)
@@ -254,11 +263,13 @@ def test_video_model_hook():
 # ---- offline errors -------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "name, kwargs, model_id, kwarg",
-    [("pickscore", {}, "laion/CLIP-ViT-H-14-laion2B-s32B-b79K", "processor"),
-     ("pickscore", {"processor": "CLIP_DIR"}, "yuvalkirstain/PickScore_v1", "model"),
-     ("imagereward", {}, "THUDM/ImageReward/ImageReward.pt", "model"),
-     ("ocr", {}, "microsoft/trocr-base-printed", "model"),
-     ("clip_score", {}, "ViT-L-14:openai", "pretrained")],
+    [
+        ("pickscore", {}, "laion/CLIP-ViT-H-14-laion2B-s32B-b79K", "processor"),
+        ("pickscore", {"processor": "CLIP_DIR"}, "yuvalkirstain/PickScore_v1", "model"),
+        ("imagereward", {}, "THUDM/ImageReward/ImageReward.pt", "model"),
+        ("ocr", {}, "microsoft/trocr-base-printed", "model"),
+        ("clip_score", {}, "ViT-L-14:openai", "pretrained"),
+    ],
 )
 def test_missing_model_offline_is_one_line(tiny, name, kwargs, model_id, kwarg):
     kwargs = {k: (tiny["clip"] if v == "CLIP_DIR" else v) for k, v in kwargs.items()}

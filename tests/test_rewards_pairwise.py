@@ -35,9 +35,17 @@ def test_soft_preferences_sum_to_one():
 
 @pytest.mark.parametrize(
     "text, p",
-    [("<think>...</think><answer>Image 1 is better</answer>", 1.0), ("Image 2 is better.", 0.0), ("1", 1.0),
-     ("B", 0.0), ("The second one", 0.0), ("It's a tie", 0.5), ("Image 1 and Image 2 are equal", 0.5),
-     ("I cannot decide", 0.5), ("", 0.5)],
+    [
+        ("<think>...</think><answer>Image 1 is better</answer>", 1.0),
+        ("Image 2 is better.", 0.0),
+        ("1", 1.0),
+        ("B", 0.0),
+        ("The second one", 0.0),
+        ("It's a tie", 0.5),
+        ("Image 1 and Image 2 are equal", 0.5),
+        ("I cannot decide", 0.5),
+        ("", 0.5),
+    ],
 )
 def test_parse_preference(text, p):
     assert parse_preference(text) == p

@@ -93,8 +93,20 @@ def test_accuracy_math_verify_path_when_installed():
 # ---- multiple choice / numeric ------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "text, letter",
-    [("B", "B"), ("(B)", "B"), ("B.", "B"), ("B) a cat", "B"), ("B: a cat", "B"), ("b", "B"),
-     ("A, B", None), ("AB", None), ("A or B", None), ("B. or C", None), ("", None), ("The answer is B", None)],
+    [
+        ("B", "B"),
+        ("(B)", "B"),
+        ("B.", "B"),
+        ("B) a cat", "B"),
+        ("B: a cat", "B"),
+        ("b", "B"),
+        ("A, B", None),
+        ("AB", None),
+        ("A or B", None),
+        ("B. or C", None),
+        ("", None),
+        ("The answer is B", None),
+    ],
 )
 def test_choice_letter(text, letter):
     assert rules.choice_letter(text) == letter
@@ -132,8 +144,12 @@ def test_box_rescale_and_reward():
     # model saw 200x100 (w, h); GT frame is 100x200: x halves, y doubles
     assert rules.rescale_box([20, 10, 60, 20], (200, 100), (100, 200)) == [10, 20, 30, 40]
     r = rewards.load("box_iou")
-    out = r(["<answer>[20, 10, 60, 20]</answer>", "<answer>no box</answer>"],
-            boxes=[[10, 20, 30, 40]] * 2, input_sizes=[(200, 100)] * 2, image_sizes=[(100, 200)] * 2)
+    out = r(
+        ["<answer>[20, 10, 60, 20]</answer>", "<answer>no box</answer>"],
+        boxes=[[10, 20, 30, 40]] * 2,
+        input_sizes=[(200, 100)] * 2,
+        image_sizes=[(100, 200)] * 2,
+    )
     assert out.tolist() == [1.0, 0.0]
     thr = rewards.load("box_iou", threshold=0.5)
     # vs (0,0,10,8): (0,0,10,10) -> 80/100 = 0.8 >= 0.5; (0,0,10,3) -> 30/80 = 0.375 < 0.5
@@ -151,8 +167,14 @@ def test_temporal_iou_hand_values():
 
 @pytest.mark.parametrize(
     "text, span",
-    [("from 3.5 to 7.25 seconds", (3.5, 7.25)), ("3 and 9", (3.0, 9.0)), ("[1.0, 2.0]", (1.0, 2.0)),
-     ("12.5 - 14", (12.5, 14.0)), ("starts at 4s, ends at 8s", (4.0, 8.0)), ("none", None)],
+    [
+        ("from 3.5 to 7.25 seconds", (3.5, 7.25)),
+        ("3 and 9", (3.0, 9.0)),
+        ("[1.0, 2.0]", (1.0, 2.0)),
+        ("12.5 - 14", (12.5, 14.0)),
+        ("starts at 4s, ends at 8s", (4.0, 8.0)),
+        ("none", None),
+    ],
 )
 def test_parse_span(text, span):
     assert rules.parse_span(text) == span
@@ -219,7 +241,7 @@ def test_edit_distance_and_wer():
 
 def test_ocr_similarity_and_quotes():
     assert rules.quoted_text('a neon sign that says "OPEN 24h" at night') == "OPEN 24h"
-    assert rules.quoted_text("a “curly” and \"straight\" pair") == "curly straight"
+    assert rules.quoted_text('a “curly” and "straight" pair') == "curly straight"
     assert rules.quoted_text("no quotes") is None
     # 'hel1oworld' vs 'helloworld': one substitution over 10 characters
     assert rules.ocr_similarity("Hel1o World", "hello world") == pytest.approx(0.9)

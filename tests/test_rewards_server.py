@@ -19,8 +19,14 @@ TOKEN = "s3cret"
 
 @pytest.fixture(scope="module")
 def server():
-    srv = make_server(["edit_similarity", "jpeg_incompressibility", "pairwise"], host="127.0.0.1", port=0,
-                      token=TOKEN, reward_kwargs={"pairwise": {"base": "format"}}, wait_ms=20)
+    srv = make_server(
+        ["edit_similarity", "jpeg_incompressibility", "pairwise"],
+        host="127.0.0.1",
+        port=0,
+        token=TOKEN,
+        reward_kwargs={"pairwise": {"base": "format"}},
+        wait_ms=20,
+    )
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     yield srv
@@ -30,8 +36,12 @@ def server():
 
 
 def _post(url, payload, token=TOKEN):
-    req = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(payload).encode(),
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:
             return resp.status, json.loads(resp.read())

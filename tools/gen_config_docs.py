@@ -22,8 +22,9 @@ HEADER = """# Configuration reference
 
 A run is one YAML recipe (see `configs/`) with the sections below. Any field can be overridden on the command
 line as `section.field=value`; list items by index (`rewards.0.weight=2`). Values are parsed as YAML, so
-`[0.9, 0.95]` is a list, `null` is None and `true` a bool; `1e-4` is read as a number. Unknown keys, wrong types
-and out-of-range values stop the run before any model loads, with a one-line message naming the field and the fix.
+`[0.9, 0.95]` is a list, `null` is None and `1e-4` a float. Scalars follow YAML 1.2: only `true`/`false` are
+booleans (`no`, `off`, `yes` stay text, so `mixed_precision: no` means "no"). Unknown keys, wrong types and
+out-of-range values stop the run before any model loads, with a one-line message naming the field and the fix.
 `mmgrpo config RECIPE [overrides]` prints the resolved config.
 """
 
