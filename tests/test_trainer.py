@@ -199,3 +199,11 @@ def test_eval_and_sample_cli(tmp_path, capsys):
     items = json.loads((tmp_path / "s" / "items.json").read_text())
     assert len(items) == 16 and {"prompt", "text", "reward"} <= set(items[0])
     assert rewards.load("toy_count")(["aa"], target=[2]).item() == 1.0
+
+
+@pytest.mark.parametrize("name,kind", [("ddp", "MULTI_GPU"), ("fsdp", "FSDP"), ("zero2", "DEEPSPEED")])
+def test_accelerate_configs_parse(name, kind):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    cfg = load_config_from_file(str(ROOT / "configs" / "accelerate" / f"{name}.yaml"))
+    assert cfg.distributed_type.name == kind and cfg.num_processes >= 2
