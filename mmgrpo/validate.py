@@ -3,6 +3,7 @@
 Every message follows one pattern: the field, the value seen, why it is wrong, and what to set instead.
 """
 
+import importlib.util
 import inspect
 import os
 from pathlib import Path
@@ -16,6 +17,14 @@ from mmgrpo.plugins import PIPELINES, RESERVED_BUILD_KWARGS, load_plugins
 def _need(cond: bool, msg: str) -> None:
     if not cond:
         raise UserError(msg)
+
+
+def _importable(module: str) -> bool:
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        return False
+    return True
 
 
 def _check_name(registry, name: str, field: str) -> None:
@@ -44,6 +53,10 @@ def _validate_run(cfg: Config) -> None:
     _need(run.max_bad_steps >= 1, f"run.max_bad_steps ({run.max_bad_steps}) must be >= 1")
     for t in run.trackers:
         _need(t in ("tensorboard", "wandb"), f"run.trackers: unknown tracker {t!r}; choose from tensorboard, wandb")
+        module = "torch.utils.tensorboard" if t == "tensorboard" else "wandb"
+        _need(importlib.util.find_spec(module.split(".")[0]) is not None and _importable(module),
+              f"run.trackers: {t!r} is not installed; `pip install {t}` or remove it from run.trackers "
+              f"(metrics.jsonl is always written)")
     if run.resume not in ("auto", "never"):
         _need(Path(run.resume).is_dir(), f"run.resume ({run.resume!r}) is neither auto, never nor an existing "
                                          f"checkpoint directory; pass one of those")

@@ -207,3 +207,11 @@ def test_accelerate_configs_parse(name, kind):
 
     cfg = load_config_from_file(str(ROOT / "configs" / "accelerate" / f"{name}.yaml"))
     assert cfg.distributed_type.name == kind and cfg.num_processes >= 2
+
+
+def test_missing_tracker_is_a_user_error(monkeypatch, capsys):
+    from mmgrpo import validate
+
+    monkeypatch.setattr(validate, "_importable", lambda module: False)
+    assert cli_main(["train", RECIPE, "run.trackers=[wandb]"]) == 2
+    assert "'wandb' is not installed; `pip install wandb`" in capsys.readouterr().err
