@@ -15,8 +15,14 @@ $(STAMP): pyproject.toml requirements.txt
 
 install: $(STAMP)
 
+DEMO := configs/toy_count.yaml
+
 demo: $(STAMP)
-	$(OFFLINE) $(VENV)/bin/mmgrpo train configs/toy_bandit.yaml
+	$(OFFLINE) $(VENV)/bin/mmgrpo train $(DEMO)
+	@echo "== before training (untrained policy) =="
+	@$(OFFLINE) $(VENV)/bin/mmgrpo eval $(DEMO) ckpt=none
+	@echo "== after training (newest checkpoint) =="
+	@$(OFFLINE) $(VENV)/bin/mmgrpo eval $(DEMO) ckpt=latest
 
 test: $(STAMP)
 	$(OFFLINE) $(PY) -m pytest -q

@@ -121,8 +121,14 @@ def collect(run, step: int) -> Batch:
             break
     if len(parts) == 1:
         ids, prompts, rollout, per_reward, total, keep = parts[0]
-        return Batch(ids, prompts, rollout, per_reward, total, keep, rounds)
-    return _assemble(parts, b_local, g, rounds)
+        batch = Batch(ids, prompts, rollout, per_reward, total, keep, rounds)
+    else:
+        batch = _assemble(parts, b_local, g, rounds)
+    kept = int(batch.keep.sum())
+    if cfg.sample.refill and kept < b_local:
+        run.say(f"step {step}: only {kept} of {b_local} groups had reward variance after {rounds} rollout rounds; "
+                f"training on those. Raise sample.max_refill_rounds, or check that the reward can tell samples apart")
+    return batch
 
 
 def _assemble(parts: list[tuple], b_local: int, g: int, rounds: int) -> Batch:

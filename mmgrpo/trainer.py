@@ -79,6 +79,7 @@ def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor
     kw = dict(a.loss_kwargs)
     if "group_size" in inspect.signature(losses.POLICY_LOSSES.get(a.loss)).parameters:
         kw["group_size"] = run.cfg.sample.group_size
+    kw.update(aux.get("loss_kwargs", {}))  # per-element inputs a pipeline's loss needs (e.g. GRPO-Guard's std)
     a_idx = adv[idx] if adv.dim() == 1 else adv[idx][:, ks_]
     loss_mat, metrics = losses.compute(a.loss, logp, old, a_idx.to(logp.device), m, **kw)
     metrics = dict(metrics)

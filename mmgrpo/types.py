@@ -61,7 +61,9 @@ class Policy(Protocol):
 
         A policy with attribute `k_chunk = c` is called as `logp(model, rollout, idx, k_slice=slice(i, i + c))`
         instead and returns [n, c]: one backward per chunk of K bounds memory (Flow-GRPO: one per timestep).
-        A policy with `per_element_metrics = True` gets `ratio/k{j}` logged for every decision index j."""
+        A policy with `per_element_metrics = True` gets `ratio/k{j}` logged for every decision index j.
+        Extras may hold `"loss_kwargs"`: per-element tensors [n, K] passed to the configured loss as keywords
+        (e.g. GRPO-Guard's `std` and `mean_sq_dist`), so pipeline-specific losses need no trainer branch."""
         ...
 
     def ref_logp(self, rollout: Rollout, idx: Tensor) -> Tensor | None:

@@ -1,0 +1,18 @@
+"""Flow/diffusion GRPO on diffusers models (SD3/SD3.5, FLUX.1, Wan 2.1): SDE steps, rollout plans, LoRA policy.
+
+Light to import: registering the "flow" builder imports no diffusers; `build_flow` imports it when called.
+"""
+
+from pipelines.flow.build import build_flow
+
+
+def _register() -> None:
+    from mmgrpo.plugins import PIPELINES
+
+    if "flow" not in PIPELINES:
+        PIPELINES.register("flow", build_flow)
+
+
+_register()
+
+__all__ = ["build_flow"]

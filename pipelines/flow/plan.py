@@ -157,10 +157,194 @@ def _gather(plan: RolloutPlan, keep: dict, final: Tensor, trained: Tensor, k: in
             torch.stack(lp).view(n, k).float())
 
 
-def _nfe(plan: RolloutPlan, b: int) -> int:
+def count_nfe(plan: RolloutPlan, b: int) -> int:
     """Model evaluations of a plan for b prompts: nodes alive before each step's split."""
     alive, total = b * plan.roots, 0
     for t in range(plan.num_steps):
         total += alive
         alive *= plan.branches.get(t, 1)
     return total
+
+
+# ---- plans by name: fn(*, num_steps, group_size, sde, iteration, same_noise, seeds, **kw) -> (plan, trained)
+
+
+def _rng(*parts: int) -> torch.Generator:
+    return torch.Generator().manual_seed(mix_seed(*parts))
+
+
+def window_start(iteration: int, *, num_steps: int, size: int, every: int, stride: int = 1, start: int = 0,
+                 last: int | None = None) -> int:
+    """MixGRPO's progressive sliding window: first step of the SDE window at `iteration` (arXiv:2507.21802).
+
+    start + (iteration // every) * stride, rolled back to `start` once it passes `last` (default num_steps - size).
+    """
+    last = num_steps - size if last is None else last
+    if size < 1 or size > num_steps or every < 1 or stride < 1 or not 0 <= start <= last <= num_steps - size:
+        raise ValueError(f"window size={size}, every={every}, stride={stride}, start={start}, last={last} must satisfy "
+                         f"1 <= size <= num_steps={num_steps}, every >= 1, stride >= 1, 0 <= start <= last <= T - size")
+    positions = (last - start) // stride + 1
+    return start + ((iteration // every) % positions) * stride
+
+
+@SCHEDULES.register("independent")
+def independent(*, num_steps: int, group_size: int, sde: str, iteration: int, same_noise: bool, seeds: list[int],
+                train: str = "all", fraction: float = 0.6, skip_last: bool = False, window_size: int = 4,
+                window_every: int = 25, window_stride: int = 1, window_start_step: int = 0,
+                window_last: int | None = None) -> tuple[RolloutPlan, Tensor]:
+    """Independent groups: train all SDE steps (Flow-GRPO), a random fraction (DanceGRPO) or a window (MixGRPO)."""
+    t_all = num_steps - int(skip_last)
+    sde_steps = [True] * num_steps
+    rows = None
+    if train == "all":
+        trained = [t < t_all for t in range(num_steps)]
+    elif train == "random":
+        k = max(1, round(fraction * t_all))
+        rows = [torch.randperm(t_all, generator=_rng(s, 7, j))[:k] for s in seeds for j in range(group_size)]
+        trained = [False] * num_steps
+    elif train == "window":
+        w0 = window_start(iteration, num_steps=num_steps, size=window_size, every=window_every, stride=window_stride,
+                          start=window_start_step, last=window_last)
+        trained = [w0 <= t < w0 + window_size for t in range(num_steps)]
+        sde_steps = trained  # ODE outside the window: MixGRPO's mixed sampler
+    else:
+        raise ValueError(f"plan train={train!r} is not a step selection; choose all, random or window")
+    kinds = tuple(sde if on else "ode" for on in sde_steps)
+    plan = RolloutPlan(kinds, roots=1, branches={0: group_size}) if same_noise else RolloutPlan(kinds, roots=group_size)
+    mask = torch.tensor(trained).repeat(len(seeds) * group_size, 1)  # [N, T]
+    if rows is not None:
+        for i, r in enumerate(rows):
+            mask[i, r] = True
+    return plan, mask
+
+
+@SCHEDULES.register("fast")
+def fast(*, num_steps: int, group_size: int, sde: str, iteration: int, same_noise: bool, seeds: list[int],
+         sde_steps: int = 2, branch_range: tuple[int, int] | list[int] | None = None) -> tuple[RolloutPlan, Tensor]:
+    """Flow-GRPO-Fast: one shared ODE prefix per prompt, the group branches at a random step, 1-2 SDE steps, ODE after.
+
+    The branch step is drawn per iteration from branch_range (default [0, num_steps - sde_steps]); only SDE steps train.
+    """
+    lo, hi = branch_range if branch_range is not None else (0, num_steps - sde_steps)
+    if not 0 <= lo <= hi <= num_steps - sde_steps or sde_steps < 1:
+        raise ValueError(f"fast plan branch_range=({lo}, {hi}) with sde_steps={sde_steps} must lie in "
+                         f"[0, num_steps - sde_steps = {num_steps - sde_steps}]")
+    s = lo + int(torch.randint(hi - lo + 1, (1,), generator=_rng(iteration, 11)))
+    on = [s <= t < s + sde_steps for t in range(num_steps)]
+    plan = RolloutPlan(tuple(sde if o else "ode" for o in on), roots=1, branches={s: group_size})
+    return plan, torch.tensor(on).repeat(len(seeds) * group_size, 1)
+
+
+@SCHEDULES.register("singular")
+def singular(*, num_steps: int, group_size: int, sde: str, iteration: int, same_noise: bool, seeds: list[int],
+             branch_steps: list[int] | None = None) -> tuple[RolloutPlan, Tensor]:
+    """G2RPO singular stochastic sampling: one SDE step per group off a shared ODE trajectory (arXiv:2510.01982).
+
+    The SDE step cycles through branch_steps (default the first half of the steps), one per iteration.
+    """
+    steps = list(branch_steps) if branch_steps is not None else list(range(max(1, num_steps // 2)))
+    if not steps or not all(0 <= s < num_steps for s in steps):
+        raise ValueError(f"singular plan branch_steps={steps} must be non-empty steps in [0, {num_steps})")
+    return fast(num_steps=num_steps, group_size=group_size, sde=sde, iteration=0, same_noise=True, seeds=seeds,
+                sde_steps=1, branch_range=(steps[iteration % len(steps)],) * 2)
+
+
+@SCHEDULES.register("tree")
+def tree(*, num_steps: int, group_size: int, sde: str, iteration: int, same_noise: bool, seeds: list[int],
+         split_steps: list[int] | None = None, fanout: int = 2, roots: int = 1,
+         prune_depths: list[int] | None = None) -> tuple[RolloutPlan, Tensor]:
+    """BranchGRPO tree: `roots` noises per prompt, every node splits into `fanout` at each split step (arXiv:2509.06040).
+
+    SDE at every step; steps at a depth listed in prune_depths are not trained (depth pruning cuts backward only).
+    """
+    n_splits = round(math.log(group_size / roots, fanout)) if group_size % roots == 0 and fanout > 1 else -1
+    if n_splits < 0 or roots * fanout ** n_splits != group_size:
+        raise ValueError(f"tree plan: group_size={group_size} must equal roots={roots} * fanout={fanout}^splits")
+    if split_steps is None:
+        split_steps = [round(i * num_steps / max(1, n_splits)) for i in range(n_splits)] if n_splits else []
+    if len(split_steps) != n_splits:
+        raise ValueError(f"tree plan split_steps={split_steps} must list {n_splits} steps for group_size={group_size}")
+    plan = RolloutPlan(tuple([sde] * num_steps), roots=roots, branches={int(s): fanout for s in split_steps})
+    depth = depth_of_steps(plan)
+    on = [int(depth[t]) not in set(prune_depths or ()) for t in range(num_steps)]
+    k = sum(on)
+    if k == 0:
+        raise ValueError(f"tree plan prune_depths={prune_depths} prunes every step; keep at least one depth")
+    return plan, torch.tensor(on).repeat(len(seeds) * group_size, 1)
+
+
+def make_plan(name: str, *, num_steps: int, group_size: int, sde: str, iteration: int, same_noise: bool,
+              seeds: list[int], **kwargs) -> tuple[RolloutPlan, Tensor]:
+    """The named plan and its [N, T] trained mask for this iteration (see SCHEDULES)."""
+    fn = SCHEDULES.get(name)
+    plan, trained = fn(num_steps=num_steps, group_size=group_size, sde=sde, iteration=iteration, same_noise=same_noise,
+                       seeds=seeds, **kwargs)
+    if plan.group_size != group_size:
+        raise ValueError(f"plan {name!r} yields {plan.group_size} leaves per prompt but sample.group_size={group_size}")
+    return plan, trained
+
+
+# ---- trees: depths, fused rewards and per-depth advantages (BranchGRPO)
+
+
+def depth_of_steps(plan: RolloutPlan) -> Tensor:
+    """[T] long: how many real splits (fan-out > 1) happened at or before each step; roots are depth 0."""
+    splits = torch.tensor([plan.branches.get(t, 1) > 1 for t in range(plan.num_steps)], dtype=torch.long)
+    return splits.cumsum(0)
+
+
+def node_rewards(plan: RolloutPlan, rewards: Tensor, *, fusion: str = "mean", leaf_logp: Tensor | None = None,
+                 alpha: float = 1.0) -> list[Tensor]:
+    """Rewards fused up the tree: entry d is [B, nodes at depth d] (BranchGRPO, arXiv:2509.06040).
+
+    mean: a node's reward is the mean of its leaves. prob: bottom-up, r(node) = softmax(alpha * logp(child)) . r(child),
+    where logp(child) is the log-prob of the transition that created the child.
+    Args:
+        rewards: [B, G] leaf rewards.
+        leaf_logp: [B, G, T] per-step transition log-probs of each leaf (needed for fusion="prob").
+    """
+    b, g = rewards.shape
+    split_steps = sorted(t for t, f in plan.branches.items() if f > 1)
+    widths = [plan.roots] + [g // plan.fanout_after(t) for t in split_steps]  # nodes per depth
+    if fusion == "mean":
+        return [rewards.view(b, w, g // w).mean(-1) for w in widths]
+    if fusion != "prob":
+        raise ValueError(f"fusion={fusion!r} must be mean or prob")
+    if leaf_logp is None or leaf_logp.shape[:2] != (b, g):
+        raise ValueError(f"fusion=prob needs leaf_logp [B={b}, G={g}, T], got "
+                         f"{None if leaf_logp is None else tuple(leaf_logp.shape)}")
+    out = [rewards.view(b, w, g // w).mean(-1) for w in widths]
+    for d in range(len(widths) - 1, 0, -1):
+        t, f = split_steps[d - 1], plan.branches[split_steps[d - 1]]
+        edge = leaf_logp[:, :: g // widths[d], t]  # [B, W_d] log-prob of the transition that created each child
+        w = torch.softmax(alpha * edge.reshape(b, widths[d - 1], f), -1)  # [B, W_{d-1}, f]
+        out[d - 1] = (w * out[d].view(b, widths[d - 1], f)).sum(-1)  # [B, W_{d-1}]
+    return out
+
+
+def depth_advantages(plan: RolloutPlan, rewards: Tensor, steps: Tensor, *, fusion: str = "mean",
+                     leaf_logp: Tensor | None = None, eps: float = 1e-8) -> Tensor:
+    """Per-transition advantages [N, K]: each node's fused reward normalised against the nodes of its depth.
+
+    A = (r_node - mean_depth) / (std_depth + eps) with the unbiased std; 0 where a depth has one node or std < 1e-6.
+    With no branching every leaf is its own node at every step, so this is GRPO's group advantage (ddof=1).
+    Args:
+        rewards: [B, G] leaf rewards.
+        steps: [N, K] long, the step of each trained transition (as in PlanResult.steps).
+    """
+    b, g = rewards.shape
+    fused = node_rewards(plan, rewards, fusion=fusion, leaf_logp=leaf_logp)
+    adv_by_depth = []
+    for r in fused:  # [B, W]
+        std = r.std(1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(r[:, :1])
+        a = torch.where(std < 1e-6, 0.0, (r - r.mean(1, keepdim=True)) / (std + eps))  # [B, W]
+        adv_by_depth.append(a)
+    depth = depth_of_steps(plan)[steps]  # [N, K]
+    leaf = torch.arange(b * g) % g  # [N] index within the group
+    out = torch.zeros(steps.shape, dtype=rewards.dtype)
+    for d, a in enumerate(adv_by_depth):
+        w = a.shape[1]
+        node = (leaf // (g // w))[:, None].expand_as(steps)  # [N, K]
+        val = a.repeat_interleave(g, 0).gather(1, node)  # [N, K]
+        out = torch.where(depth == d, val, out)
+    return out

@@ -141,7 +141,7 @@ def ddim_moments(x: Tensor, eps: Tensor, alpha_bar: Tensor, alpha_bar_prev: Tens
     Paper: DDPO arXiv:2305.13301 (ddpo_pytorch/diffusers_patch/ddim_with_logprob.py), DDIM arXiv:2010.02502 Eq. 12.
     Formula: var = (1 - a_prev) / (1 - a_t) * (1 - a_t / a_prev), std = eta sqrt(var),
     x0_hat = (x - sqrt(1 - a_t) eps) / sqrt(a_t), mean = sqrt(a_prev) x0_hat + sqrt(1 - a_prev - std^2) eps,
-    with a_t = alphas_cumprod[t] and a_prev = alphas_cumprod[t_prev] (final_alpha_cumprod, 1.0 for SD, at the end).
+    with a_t = alphas_cumprod[t] and a_prev = alphas_cumprod[t_prev] (the scheduler's final_alpha_cumprod at the end).
     No clip_sample / thresholding (Stable Diffusion uses neither).
     """
     ok = (0 < alpha_bar) & (alpha_bar <= alpha_bar_prev) & (alpha_bar_prev <= 1) & (alpha_bar < 1)
@@ -162,7 +162,7 @@ def ddim_moments(x: Tensor, eps: Tensor, alpha_bar: Tensor, alpha_bar_prev: Tens
 
 
 def _noise(shape: tuple, generator, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """Standard normal noise like diffusers' randn_tensor: one generator for all, or one per sample (batch-independent)."""
+    """N(0, I) noise as diffusers' randn_tensor: one generator, or one per sample (then independent of the batch)."""
     if isinstance(generator, (list, tuple)):
         if len(generator) != shape[0]:
             raise ValueError(f"generator list has {len(generator)} generators for N={shape[0]} samples; pass one "
@@ -203,8 +203,8 @@ def step(
     logp = reduce_d log N(prev; mean, std^2), the same std for sampling and scoring (no BranchGRPO scale mismatch).
     Computed in float32 (float64 for float64 inputs); prev_sample is cast to sample.dtype BEFORE it is scored, so
     storing it and re-scoring gives exactly the same logp (ratio 1 before the first update).
-    Deterministic steps (std = 0: "ode", noise_level = 0, CPS/DDIM at their last step) return prev = mean and
-    logp = 0 whatever prev_sample holds: they carry no policy gradient; mask them out of the loss.
+    Deterministic steps (std = 0: "ode", noise_level = 0, CPS/DDIM at their last step) sample prev = mean and
+    score logp = 0 whatever prev_sample holds: they carry no policy gradient; mask them out of the loss.
 
     Args:
         kind: a STEPS name: "flow_grpo", "dance", "cps", "ode" or "ddim".
@@ -264,7 +264,7 @@ def ddim_step(
     """step("ddim", ...) with DDPO's names: alpha_bar = alphas_cumprod[t], alpha_bar_prev = alphas_cumprod[t_prev].
 
     Paper: DDPO arXiv:2305.13301. For t_prev < 0 pass the scheduler's final_alpha_cumprod (1.0 with
-    set_alpha_to_one=True, as Stable Diffusion). See ddim_moments for the formula and step() for the rest.
+    set_alpha_to_one=True; alphas_cumprod[0] for SD 1.x, which sets it False). See ddim_moments and step().
     """
     return step("ddim", sample, eps, alpha_bar, alpha_bar_prev, noise_level=eta, prev_sample=prev_sample,
                 generator=generator, reduce=reduce)
@@ -273,10 +273,10 @@ def ddim_step(
 def step_std(kind: str, sigma: Tensor, sigma_next: Tensor, *, noise_level: float) -> Tensor:
     """The transition std [K] of `kind` at each (sigma, sigma_next) pair, without a model (e.g. for step weights)."""
     sigma = torch.as_tensor(sigma, dtype=torch.float64).reshape(-1)  # [K]
-    sigma_next = torch.as_tensor(sigma_next, dtype=torch.float64).reshape(-1)  # [K]
+    sigma_next = torch.as_tensor(sigma_next, dtype=torch.float64, device=sigma.device).reshape(-1)  # [K]
     if sigma.shape != sigma_next.shape:
         raise ValueError(f"sigma {tuple(sigma.shape)} != sigma_next {tuple(sigma_next.shape)}: one pair per step")
-    zeros = torch.zeros(sigma.shape[0], 1, dtype=torch.float64)
+    zeros = torch.zeros(sigma.shape[0], 1, dtype=torch.float64, device=sigma.device)
     return STEPS.get(kind)(zeros, zeros, sigma, sigma_next, noise_level=noise_level)[1]
 
 

@@ -3,6 +3,7 @@ encoder, pretrained by rectified flow on ground-truth renders; plus its offline 
 """
 
 import argparse
+import functools
 import json
 import math
 import time
@@ -13,7 +14,7 @@ import numpy as np
 import torch
 
 from pipelines.shapes.scenes import CATEGORIES, COLORS, NUMBER_WORDS, SHAPES, SIZE_RANGE, list_prompts
-from pipelines.shapes.scenes import ground_truth_scenes
+from pipelines.shapes.scenes import ground_truth_scenes, split_of
 from pipelines.shapes.verifier import category_report
 
 MODEL_FILE = "shapes_t2i.json"
@@ -126,9 +127,14 @@ def flow_matching_loss(transformer, x0, prompt_embeds, pooled, *, sigmas, noise)
 
 
 def hflip_prompt(prompt: str) -> str:
-    """The prompt of a horizontally mirrored scene ("left of" <-> "right of"; upward triangles stay upward).
-    Both phrasings share a canonical key, hence a split, so the augmentation never leaks val/test prompts."""
+    """The prompt of a horizontally mirrored scene ("left of" <-> "right of"; upward triangles stay upward)."""
     return prompt.replace("left of", "\0").replace("right of", "left of").replace("\0", "right of")
+
+
+@functools.lru_cache(maxsize=8192)
+def mirror_allowed(prompt: str) -> bool:
+    """Whether a train scene may be mirrored: "A left of B" becomes "B left of A", which can be a val/test prompt."""
+    return split_of(hflip_prompt(prompt)) == "train"
 
 
 class ScenePool:
@@ -157,7 +163,8 @@ class ScenePool:
             self._render(cat, int(self.rng.integers(len(self.texts[cat]))))
 
     def batch(self, size: int, weights: dict[str, float]) -> tuple[torch.Tensor, list[str]]:
-        """A batch x0 [size, 3, H, W] in [-1, 1] with its prompts; half the scenes mirrored left-right."""
+        """A batch x0 [size, 3, H, W] in [-1, 1] with its prompts; half the scenes mirrored left-right when the
+        mirrored prompt is a train prompt too."""
         p = np.array([weights.get(c, 0.0) for c in CATEGORIES], np.float64)
         cats = self.rng.choice(len(CATEGORIES), size=size, p=p / p.sum())
         imgs, texts = [], []
@@ -165,7 +172,7 @@ class ScenePool:
             c = CATEGORIES[k]
             i = int(self.rng.integers(len(self.texts[c])))
             img, text = self.images[c][i], self.texts[c][i]
-            if self.rng.random() < 0.5:
+            if mirror_allowed(text) and self.rng.random() < 0.5:
                 img, text = img[:, ::-1], hflip_prompt(text)
             imgs.append(img)
             texts.append(text)
@@ -383,7 +390,7 @@ def _train_step(model, pool, opt, params, *, batch_size, weights, lr, shift, sig
     loss.backward()
     torch.nn.utils.clip_grad_norm_(params, 1.0)
     opt.step()
-    return float(loss)
+    return loss.item()
 
 
 def _save_ema(model: ShapesT2I, params, ema, out: Path, log: list[float], step: int, start: float) -> None:
@@ -423,7 +430,7 @@ def main(argv: list[str] | None = None) -> None:
         big_objects=not args.no_big_objects, checkpoint_dir=args.checkpoint_dir,
     )
     if args.eval_split:
-        for w in (1.0, 2.0, 4.0):
+        for w in (1.0, 3.0):
             print(f"guidance_scale {w}")
             evaluate(args.out, args.eval_split, n_per_prompt=2, guidance_scale=w)
 

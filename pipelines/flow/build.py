@@ -1,0 +1,159 @@
+"""The "flow" pipeline builder: load a diffusers text-to-image/video pipeline, add LoRA, read prompts, make the Task.
+
+Light to import: diffusers and peft are imported inside `build_flow`, so `mmgrpo list pipelines` stays fast.
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmgrpo.errors import UserError
+from mmgrpo.types import Task
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16}
+
+
+def read_prompts(path: str) -> list[dict[str, Any]]:
+    """Prompt records from a .txt file (one prompt per line) or .jsonl ({"prompt": ..., ground-truth fields})."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"pipeline.kwargs.data ({path!r}) is not a file; pass a .txt (one prompt per line) or a "
+                        f".jsonl file with a \"prompt\" field per line")
+    lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
+    if p.suffix != ".jsonl":
+        return [{"prompt": ln.strip()} for ln in lines]
+    out = []
+    for i, ln in enumerate(lines):
+        try:
+            rec = json.loads(ln)
+        except json.JSONDecodeError as err:
+            raise UserError(f"{path}:{i + 1} is not valid JSON ({err.msg}); write one JSON object per line") from None
+        if not isinstance(rec, dict) or "prompt" not in rec:
+            raise UserError(f"{path}:{i + 1} has no \"prompt\" field; each line must be {{\"prompt\": ..., ...}}")
+        out.append(rec)
+    return out
+
+
+def _records(data: str | None, prompts: list | None, what: str) -> list[dict[str, Any]]:
+    if data is not None and prompts is not None:
+        raise UserError(f"pipeline.kwargs: give {what} either as a file (data) or a list (prompts), not both")
+    if data is not None:
+        return read_prompts(data)
+    return [p if isinstance(p, dict) else {"prompt": str(p)} for p in (prompts or [])]
+
+
+def load_pipeline(model: str, torch_dtype: torch.dtype):
+    """`DiffusionPipeline.from_pretrained(model)` with a one-line UserError when it is not there."""
+    from diffusers import DiffusionPipeline
+
+    if not model:
+        raise UserError("pipeline.kwargs.model is empty; pass a hub id (e.g. stabilityai/stable-diffusion-3.5-medium), "
+                        "a local directory saved with save_pretrained, or tiny:sd3 / tiny:flux / tiny:wan")
+    if model.startswith("tiny:"):  # a tiny random pipeline built on the spot, for CPU recipes and tests
+        from pipelines.flow.tiny import save_tiny
+
+        cache = Path(os.environ.get("MMGRPO_CACHE", Path.home() / ".cache" / "mmgrpo")) / f"tiny-{model[5:]}"
+        if not (cache / "model_index.json").is_file():
+            tmp = save_tiny(model[5:], cache.with_name(f"{cache.name}.tmp{os.getpid()}"))
+            try:
+                os.rename(tmp, cache)  # atomic: concurrent builders never see a half-written directory
+            except OSError:
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
+        model = str(cache)
+    looks_local = model.startswith((".", "/", "~")) or os.sep in model.strip("/").split("/", 1)[-1]
+    if looks_local and not Path(model).expanduser().is_dir():
+        raise UserError(f"pipeline.kwargs.model ({model!r}) is not a directory; pass an existing local pipeline "
+                        f"directory or a hub id such as stabilityai/stable-diffusion-3.5-medium")
+    try:
+        return DiffusionPipeline.from_pretrained(str(Path(model).expanduser()) if looks_local else model,
+                                                 dtype=torch_dtype)
+    except (OSError, ValueError, EnvironmentError) as err:
+        offline = " (HF_HUB_OFFLINE=1 is set)" if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
+        first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
+        raise UserError(f"pipeline.kwargs.model ({model!r}) could not be loaded{offline}: {first}; download it "
+                        f"first (huggingface-cli download {model}) or pass a local directory, "
+                        f"e.g. pipeline.kwargs.model=/path/to/model") from None
+
+
+def _add_lora(transformer, model_type: str, rank: int, alpha: float | None, targets: list[str] | None) -> None:
+    from peft import LoraConfig
+
+    from pipelines.flow.models import LORA_TARGETS
+
+    cfg = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else 2 * rank, init_lora_weights="gaussian",
+                     target_modules=list(targets or LORA_TARGETS[model_type]))
+    try:
+        transformer.add_adapter(cfg)
+    except ValueError as err:
+        raise UserError(f"pipeline.kwargs.lora_targets ({cfg.target_modules}) match no layer of this transformer "
+                        f"({err}); name modules such as to_q, to_k, to_v, to_out.0") from None
+    for p in transformer.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()  # trainable adapter weights stay fp32 under bf16 base weights
+
+
+def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.float32, model: str = "",
+               model_type: str | None = None, data: str | None = None, prompts: list | None = None,
+               eval_data: str | None = None, eval_prompts: list | None = None, resolution: int | list[int] = 512,
+               num_frames: int = 33, num_steps: int = 10, sde: str = "flow_grpo", noise_level: float = 0.7,
+               reduce: str = "mean", guidance_scale: float = 4.5, negative_prompt: str = "",
+               max_sequence_length: int | None = None, same_noise_per_group: bool = False,
+               plan: str = "independent", plan_kwargs: dict | None = None, lora_rank: int = 32,
+               lora_alpha: float | None = None, lora_targets: list[str] | None = None, reference: bool = True,
+               k_chunk: int | None = None, torch_dtype: str | None = None, gradient_checkpointing: bool = False,
+               decode_batch_size: int = 8) -> Task:
+    """GRPO on a diffusers flow model (SD3/SD3.5, FLUX.1, Wan 2.1): SDE rollouts, exact log-probs, LoRA or full FT."""
+    from pipelines.flow import plan as plans
+    from pipelines.flow import sde as sde_mod
+    from pipelines.flow.models import ADAPTERS, MODEL_TYPES, model_type_of, num_params
+    from pipelines.flow.policy import FlowPolicy
+
+    if sde not in sde_mod.STEPS or sde in ("ode", "ddim"):
+        raise UserError(f"pipeline.kwargs.sde ({sde!r}) must be a stochastic flow step: flow_grpo, dance or cps")
+    if plan not in plans.SCHEDULES:
+        raise UserError(f"pipeline.kwargs.plan: {plans.SCHEDULES.unknown_message(plan)}")
+    if num_steps < 1 or lora_rank < 0 or (k_chunk is not None and k_chunk < 1):
+        raise UserError(f"pipeline.kwargs: num_steps ({num_steps}) must be >= 1, lora_rank ({lora_rank}) >= 0 "
+                        f"(0 = full fine-tuning) and k_chunk ({k_chunk}) null or >= 1")
+    if torch_dtype is not None and torch_dtype not in _DTYPES:
+        raise UserError(f"pipeline.kwargs.torch_dtype ({torch_dtype!r}) must be one of {sorted(_DTYPES)} or null")
+    train = _records(data, prompts, "training prompts")
+    if not train:
+        raise UserError("pipeline.kwargs needs prompts: data: prompts.txt|.jsonl or prompts: [\"a cat\", ...]")
+    weights_dtype = _DTYPES[torch_dtype] if torch_dtype else dtype
+    pipe = load_pipeline(model, weights_dtype)
+    detected = model_type_of(type(pipe).__name__)
+    model_type = model_type or detected
+    if model_type not in MODEL_TYPES or (detected and detected != model_type):
+        raise UserError(f"pipeline.kwargs.model_type ({model_type!r}) must be one of {MODEL_TYPES} and match the "
+                        f"loaded {type(pipe).__name__} ({detected!r}); leave model_type unset to detect it")
+    pipe.to(device)
+    for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
+        part = getattr(pipe, name, None)
+        if part is not None:
+            part.requires_grad_(False).eval()
+    transformer = pipe.transformer.requires_grad_(False)
+    if lora_rank > 0:
+        _add_lora(transformer, model_type, lora_rank, lora_alpha, lora_targets)
+    else:
+        transformer.requires_grad_(True)
+    if gradient_checkpointing:
+        transformer.enable_gradient_checkpointing()
+    h, w = (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
+    adapter = ADAPTERS[model_type](pipe, height=h, width=w, num_frames=num_frames, guidance_scale=guidance_scale,
+                                   negative_prompt=negative_prompt, max_sequence_length=max_sequence_length,
+                                   device=device, dtype=weights_dtype)
+    adapter.latent_shape()  # resolution / frame-count errors before any rollout
+    policy = FlowPolicy(pipe, adapter, num_steps=num_steps, sde_kind=sde, noise_level=noise_level, reduce=reduce,
+                        plan=plan, plan_kwargs=plan_kwargs or {}, same_noise=same_noise_per_group,
+                        lora=lora_rank > 0, reference=reference, k_chunk=k_chunk, seed=seed,
+                        decode_batch_size=decode_batch_size)
+    policy.num_params = {"transformer": num_params(transformer), "trainable": num_params(transformer, True)}
+    return Task(policy=policy, module=transformer, train_data=train,
+                eval_data=_records(eval_data, eval_prompts, "evaluation prompts"))

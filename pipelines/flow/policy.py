@@ -1,0 +1,184 @@
+"""The flow-model `Policy`: plan-driven SDE rollouts, re-scoring of stored transitions, reference, LoRA weights.
+
+K is the number of trained denoising transitions; their latents ride in `Rollout.extras` (never re-sampled).
+"""
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mmgrpo.types import Rollout
+from pipelines.flow import plan as plans
+from pipelines.flow import sde
+from pipelines.flow.models import FlowModel
+
+
+class FlowPolicy:
+    """GRPO policy over a diffusers flow transformer (LoRA adapter or full weights) with a rollout plan.
+
+    Attributes read by the trainer: `k_chunk` (trained steps per backward; None = all K at once) and
+    `per_element_metrics` (per-step ratio means logged as ratio/k<j>).
+    """
+
+    per_element_metrics = True
+
+    def __init__(self, pipe: Any, model: FlowModel, *, num_steps: int, sde_kind: str, noise_level: float,
+                 reduce: str, plan: str, plan_kwargs: dict, same_noise: bool, lora: bool, reference: bool,
+                 k_chunk: int | None, seed: int, decode_batch_size: int):
+        self.pipe, self.model, self.transformer = pipe, model, pipe.transformer
+        self.num_steps, self.sde_kind, self.noise_level, self.reduce = num_steps, sde_kind, noise_level, reduce
+        self.plan_name, self.plan_kwargs, self.same_noise = plan, dict(plan_kwargs), same_noise
+        self.lora, self.k_chunk, self.seed, self.decode_batch_size = lora, k_chunk, seed, decode_batch_size
+        self.sigmas = model.sigmas(num_steps)  # [T+1]
+        # full fine-tuning needs a frozen copy made before any update (and before a checkpoint is loaded)
+        self.ref = None
+        if reference and not lora:
+            self.ref = copy.deepcopy(self.transformer).requires_grad_(False).eval()
+        self.use_reference = reference
+        self.iteration, self._iteration_fixed = 0, False
+        self.last_plan: plans.RolloutPlan | None = None
+
+    def set_iteration(self, iteration: int) -> None:
+        """Tell the policy the training step (moves MixGRPO windows, picks Fast branch points); else it counts calls."""
+        self.iteration, self._iteration_fixed = int(iteration), True
+
+    # ---- rollout
+
+    @torch.no_grad()
+    def rollout(self, prompts: list[dict[str, Any]], group_size: int, seeds: list[int]) -> Rollout:
+        texts = [str(p["prompt"]) for p in prompts]
+        cond = self.model.encode(texts)  # [B, ...] per key
+        plan, trained = plans.make_plan(self.plan_name, num_steps=self.num_steps, group_size=group_size,
+                                        sde=self.sde_kind, iteration=self.iteration, same_noise=self.same_noise,
+                                        seeds=list(seeds), **self.plan_kwargs)
+        self.last_plan = plan
+        device, dtype = self.model.device, self.model.dtype
+
+        def velocity(x: Tensor, sigma: Tensor, prompt: Tensor) -> Tensor:
+            return self.model.velocity(self.transformer, x, sigma, {k: v[prompt] for k, v in cond.items()})
+
+        def step(kind, x, v, s, s_next, **kw):
+            return sde.step(kind, x, v, s, s_next, reduce=self.reduce, **kw)
+
+        res = plans.execute(plan, seeds=list(seeds), shape=self.model.latent_shape(), sigmas=self.sigmas,
+                            trained=trained, velocity=velocity, step=step, noise_level=self.noise_level,
+                            device=device, dtype=dtype)
+        if not self._iteration_fixed:
+            self.iteration += 1
+        n = res.final.shape[0]
+        sig, sig_next = self.sigmas[res.steps], self.sigmas[res.steps + 1]  # [N, K]
+        std = sde.step_std(self.sde_kind, sig.reshape(-1), sig_next.reshape(-1), noise_level=self.noise_level)
+        mask = (std > 0).view(n, -1) if res.steps.numel() else torch.zeros(n, 0, dtype=torch.bool)  # [N, K]
+        samples = self.model.decode(res.final, self.decode_batch_size)
+        per_sample = {f"cond_{k}": v.repeat_interleave(group_size, 0) for k, v in cond.items()}
+        extras = {"x_t": res.x_t, "x_next": res.x_next, "sigma": sig.to(device), "sigma_next": sig_next.to(device),
+                  "step": res.steps, **per_sample}
+        sde_steps = sum(k != "ode" for k in plan.kinds)
+        metrics = {"rollout/nfe_per_sample": res.nfe / n, "rollout/sde_steps": float(sde_steps),
+                   "rollout/first_trained_step": float(res.steps.min()) if res.steps.numel() else -1.0}
+        return Rollout(samples=samples, old_logp=res.logp.cpu(), mask=mask, extras=extras, metrics=metrics)
+
+    # ---- scoring
+
+    def _score(self, module: nn.Module, rollout: Rollout, idx: Tensor, ks: slice):
+        """StepOut of the stored transitions (idx, ks), flattened to [n * k]; grad flows through `module`."""
+        ex = rollout.extras
+        x = ex["x_t"][idx][:, ks]  # [n, k, ...]
+        n, k = x.shape[:2]
+        flat = lambda t: t.reshape(n * k, *t.shape[2:])  # noqa: E731
+        cond = {key[5:]: v[idx].repeat_interleave(k, 0) for key, v in ex.items() if key.startswith("cond_")}
+        sigma, sigma_next = flat(ex["sigma"][idx][:, ks]), flat(ex["sigma_next"][idx][:, ks])  # [n * k]
+        v = self.model.velocity(module, flat(x), sigma, cond)
+        return sde.step(self.sde_kind, flat(x), v, sigma, sigma_next, noise_level=self.noise_level,
+                        prev_sample=flat(ex["x_next"][idx][:, ks]), reduce=self.reduce), n, k
+
+    def logp(self, model: nn.Module, rollout: Rollout, idx: Tensor,
+             k_slice: slice | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Log-probs [n, k] of the stored transitions through `model`; extras["kl"] [n, k] is the exact Gaussian KL
+        to the reference once `ref_logp` has run on this rollout (it stores the reference means)."""
+        ks = k_slice if k_slice is not None else slice(None)
+        out, n, k = self._score(model, rollout, idx, ks)
+        aux = {}
+        ref_mean = rollout.extras.get("ref_mean")
+        if ref_mean is not None:
+            ref = ref_mean[idx][:, ks].reshape(out.mean.shape).to(out.mean.device)
+            aux["kl"] = sde.kl_gaussian(out.mean, ref, out.std, self.reduce).view(n, k)
+        return out.logp.view(n, k), aux
+
+    @torch.no_grad()
+    def ref_logp(self, rollout: Rollout, idx: Tensor) -> Tensor | None:
+        """Reference log-probs [n, K]: the adapter disabled (LoRA) or the frozen copy (full fine-tuning)."""
+        if not self.use_reference:
+            return None
+        ex = rollout.extras
+        if self.lora:
+            self.transformer.disable_adapters()
+            try:
+                out, n, k = self._score(self.transformer, rollout, idx, slice(None))
+            finally:
+                self.transformer.enable_adapters()
+        else:
+            out, n, k = self._score(self.ref, rollout, idx, slice(None))
+        if "ref_mean" not in ex:
+            ex["ref_mean"] = torch.zeros(ex["x_t"].shape, dtype=out.mean.dtype, device=ex["x_t"].device)
+        ex["ref_mean"][idx] = out.mean.view(n, k, *out.mean.shape[1:]).to(ex["ref_mean"].device)
+        return out.logp.view(n, k)
+
+    def step_advantages(self, rollout: Rollout, rewards: Tensor, *, fusion: str = "mean") -> Tensor:
+        """BranchGRPO per-depth advantages [N, K] for the last rollout's plan from leaf rewards [B, G]."""
+        if self.last_plan is None:
+            raise ValueError("step_advantages needs a rollout first: call rollout() before it")
+        return plans.depth_advantages(self.last_plan, rewards, rollout.extras["step"], fusion=fusion)
+
+    # ---- weights
+
+    def trainable_parameters(self) -> Iterable[nn.Parameter]:
+        return [p for p in self.transformer.parameters() if p.requires_grad]
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """The peft adapter state (LoRA) or the full transformer state (full fine-tuning), detached copies."""
+        if self.lora:
+            from peft import get_peft_model_state_dict
+
+            state = get_peft_model_state_dict(self.transformer)
+        else:
+            state = self.transformer.state_dict()
+        return {k: v.detach().clone() for k, v in state.items()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        if self.lora:
+            from peft import set_peft_model_state_dict
+
+            result = set_peft_model_state_dict(self.transformer, state)
+            bad = [k for k in getattr(result, "unexpected_keys", []) if "lora" in k]
+            if bad:
+                raise ValueError(f"adapter state has keys this model lacks ({bad[:3]}...); was it saved with other "
+                                 f"lora_targets?")
+        else:
+            self.transformer.load_state_dict(state)
+
+    def save_lora(self, path: str) -> None:
+        """Write the adapter as diffusers LoRA weights (pytorch_lora_weights.safetensors) for `load_lora_weights`."""
+        if not self.lora:
+            raise ValueError("save_lora needs a LoRA policy (lora_rank > 0); full fine-tuning saves the transformer "
+                             "with transformer.save_pretrained instead")
+        # the adapter config (rank, alpha, targets) travels as metadata: without it a loader assumes alpha = rank
+        meta = self.transformer.peft_config["default"].to_dict()
+        type(self.pipe).save_lora_weights(save_directory=path, transformer_lora_layers=self.state_dict(),
+                                          transformer_lora_adapter_metadata=meta)
+
+    def gallery(self, rollout: Rollout, prompts: list[dict[str, Any]], rewards: Tensor) -> list[dict[str, Any]]:
+        """The first two groups: image (or frames) with prompt and reward."""
+        g = len(rollout.samples) // len(prompts)
+        items = []
+        for i, (s, r) in enumerate(zip(rollout.samples[: 2 * g], rewards.tolist())):
+            item = {"prompt": prompts[i // g]["prompt"], "reward": float(r)}
+            if s.dim() == 4:  # video [F, 3, H, W]
+                item["frames"] = list(s[:: max(1, len(s) // 4)])
+            else:
+                item["image"] = s
+            items.append(item)
+        return items

@@ -1,0 +1,18 @@
+"""VLM reasoning pipeline: GRPO for image-text-to-text models (Qwen2-VL, Qwen2.5-VL) with a prefix-shared forward.
+
+Light to import: the builder pulls in transformers and peft only when a task is built.
+"""
+
+from pipelines.vlm.build import build_vlm
+
+
+def _register() -> None:
+    from mmgrpo.plugins import PIPELINES
+
+    if "vlm" not in PIPELINES:
+        PIPELINES.register("vlm", build_vlm)
+
+
+_register()
+
+__all__ = ["build_vlm"]

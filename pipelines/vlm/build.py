@@ -1,0 +1,151 @@
+"""The `vlm` pipeline builder: loads the model and processor, applies LoRA or full fine-tuning, builds the prompts.
+
+Imports transformers and peft only inside functions, so registering the builder stays light.
+"""
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmgrpo.errors import UserError
+from mmgrpo.types import Task
+
+FORMAT_INSTRUCTION = "Think inside <think></think>, then give only the final answer inside <answer></answer>."
+LORA_TARGETS = r"^(?!.*visual).*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
+"""peft regex: the language model's attention and MLP projections; the vision tower is left out (as EasyR1 does)"""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _offline_hint(model: str) -> str:
+    return (f"pipeline.kwargs.model ({model!r}) is not a local directory and is not in the local Hugging Face cache "
+            f"(the Hub is unreachable or HF_HUB_OFFLINE=1); download it once (huggingface-cli download {model}) or "
+            f"pass its local directory as pipeline.kwargs.model=/path/to/model; model=tiny-random-qwen2-vl runs offline")
+
+
+def load_model(model: str, *, dtype: torch.dtype, attn_implementation: str, cache_dir: str | None,
+               min_pixels: int | None, max_pixels: int | None):
+    """(processor, model) from a local directory, a cached hub id, or a tiny random model built on the fly."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from pipelines.vlm.tiny import TINY_MODELS, tiny_model_dir
+
+    path = tiny_model_dir(model, cache_dir) if model in TINY_MODELS else model
+    pixels = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
+    try:
+        processor = AutoProcessor.from_pretrained(path, **pixels)
+        hf = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    except OSError as err:
+        if Path(path).exists():
+            raise UserError(f"pipeline.kwargs.model ({model!r}) could not be loaded: {err}") from None
+        raise UserError(_offline_hint(model)) from None
+    tok = getattr(processor, "tokenizer", None)
+    if tok is None or getattr(tok, "chat_template", None) is None and getattr(processor, "chat_template", None) is None:
+        raise UserError(f"pipeline.kwargs.model ({model!r}) has no processor chat template; use an instruct/chat "
+                        f"checkpoint whose processor defines one")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return processor, hf
+
+
+def apply_training_mode(hf, *, lora_rank: int, lora_alpha: float | None, lora_dropout: float,
+                        lora_targets: str | list[str] | None, freeze_vision: bool, gradient_checkpointing: bool):
+    """Wrap with a LoRA adapter (lora_rank > 0) or unfreeze everything (full fine-tuning); returns the model."""
+    if lora_rank < 0:
+        raise UserError(f"pipeline.kwargs.lora_rank ({lora_rank}) must be >= 0 (0 = full fine-tuning)")
+    if gradient_checkpointing:
+        # non-reentrant: works with frozen embeddings under LoRA (no enable_input_require_grads hack)
+        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora_rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        cfg = LoraConfig(r=lora_rank, lora_alpha=lora_alpha or 2 * lora_rank, lora_dropout=lora_dropout,
+                         target_modules=lora_targets or LORA_TARGETS, bias="none")
+        return get_peft_model(hf, cfg)
+    hf.requires_grad_(True)
+    if freeze_vision:
+        visual = getattr(getattr(hf, "model", hf), "visual", None)
+        if visual is None:
+            raise UserError("pipeline.kwargs.freeze_vision=true but the model has no `visual` tower to freeze")
+        visual.requires_grad_(False)
+    return hf
+
+
+def _shared_mode(prefix_sharing: str | bool, hf) -> bool:
+    from pipelines.vlm.prefix import supports_shared
+
+    ok, why = supports_shared(hf)
+    if prefix_sharing in ("auto", None):
+        return ok
+    if prefix_sharing is True or prefix_sharing == "on":
+        if not ok:
+            raise UserError(f"pipeline.kwargs.prefix_sharing=on but {why}; set prefix_sharing=auto or off")
+        return True
+    if prefix_sharing is False or prefix_sharing == "off":
+        return False
+    raise UserError(f"pipeline.kwargs.prefix_sharing ({prefix_sharing!r}) must be auto, on or off")
+
+
+def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.float32,
+              model: str = "tiny-random-qwen2-vl", data: str = "shapes_vqa", eval_data: str | None = None,
+              train_size: int | None = 256, eval_size: int | None = 64, resolution: int = 32,
+              question_types: list[str] | None = None, skip_bad_images: bool = False,
+              lora_rank: int = 0, lora_alpha: float | None = None, lora_dropout: float = 0.0,
+              lora_targets: str | list[str] | None = None, freeze_vision: bool = False,
+              gradient_checkpointing: bool = False, model_dtype: str | None = None, attn_implementation: str = "sdpa",
+              min_pixels: int | None = None, max_pixels: int | None = None,
+              max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+              stop: list[str] | str | None = "</answer>", system_prompt: str | None = None,
+              instruction: str | None = FORMAT_INSTRUCTION, prefix_sharing: str | bool = "auto",
+              logp_chunk_tokens: int = 1024, reference: str = "auto", care_likelihood: bool = False,
+              care_ema_decay: float = 0.995, care_ema_every: int = 10, check_logp: bool = False,
+              cache_dir: str | None = None) -> Task:
+    """GRPO on an image-text-to-text model (Qwen2-VL, Qwen2.5-VL, ...) over VQA-style records with verifiable answers."""
+    from pipelines.vlm.data import SHAPES_VQA, load_records
+    from pipelines.vlm.methods import CareLikelihood
+    from pipelines.vlm.policy import SampleSettings, VLMModule, VLMPolicy
+
+    _check(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, logp_chunk_tokens=logp_chunk_tokens,
+           model_dtype=model_dtype)
+    common = dict(seed=seed, resolution=resolution, question_types=question_types, skip_bad_images=skip_bad_images)
+    train = load_records(data, split="train", size=train_size, field="pipeline.kwargs.data", **common)
+    evals = load_records(eval_data or SHAPES_VQA, split="val", size=eval_size, field="pipeline.kwargs.eval_data",
+                         **common) if (eval_data or data == SHAPES_VQA) else []
+    torch.manual_seed(seed)
+    processor, hf = load_model(model, dtype=DTYPES[model_dtype] if model_dtype else dtype,
+                               attn_implementation=attn_implementation, cache_dir=cache_dir,
+                               min_pixels=min_pixels, max_pixels=max_pixels)
+    hf = apply_training_mode(hf, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+                             lora_targets=lora_targets, freeze_vision=freeze_vision,
+                             gradient_checkpointing=gradient_checkpointing).to(device)
+    module = VLMModule(hf, pad_id=processor.tokenizer.pad_token_id, temperature=temperature,
+                       shared=_shared_mode(prefix_sharing, hf), chunk_tokens=logp_chunk_tokens)
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    settings = SampleSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                              stop=stops, system_prompt=system_prompt, instruction=instruction)
+    care = CareLikelihood(decay=care_ema_decay, every=care_ema_every) if care_likelihood else None
+    try:
+        policy = VLMPolicy(module, processor, device=device, settings=settings, reference=reference, care=care,
+                           check_logp=check_logp)
+    except ValueError as err:
+        raise UserError(f"pipeline.kwargs: {err}") from None
+    rewards = [{"name": "format", "weight": 0.5, "kwargs": {}}, {"name": "accuracy", "weight": 1.0, "kwargs": {}}]
+    return Task(policy=policy, module=module, train_data=train, eval_data=evals, rewards=rewards)
+
+
+def _check(**kw: Any) -> None:
+    if kw["max_new_tokens"] < 1:
+        raise UserError(f"pipeline.kwargs.max_new_tokens ({kw['max_new_tokens']}) must be >= 1")
+    if kw["temperature"] <= 0:
+        raise UserError(f"pipeline.kwargs.temperature ({kw['temperature']}) must be > 0: GRPO samples, and the "
+                        f"log-probs are of softmax(logits / temperature)")
+    if not 0 < kw["top_p"] <= 1:
+        raise UserError(f"pipeline.kwargs.top_p ({kw['top_p']}) must be in (0, 1]")
+    if kw["top_p"] < 1:
+        warnings.warn("pipeline.kwargs.top_p < 1 samples from a truncated distribution while log-probs use the full "
+                      "softmax (as TRL and verl do); the first ratio is still exactly 1", stacklevel=3)
+    if kw["logp_chunk_tokens"] < 1:
+        raise UserError(f"pipeline.kwargs.logp_chunk_tokens ({kw['logp_chunk_tokens']}) must be >= 1")
+    if kw["model_dtype"] is not None and kw["model_dtype"] not in DTYPES:
+        raise UserError(f"pipeline.kwargs.model_dtype ({kw['model_dtype']!r}) must be one of {sorted(DTYPES)} or null")

@@ -1,0 +1,251 @@
+"""The VLM `Policy`: chat-template prompts with images, seeded `generate` rollouts, completion log-probs through the
+prefix-shared (or plain) forward, LoRA or full fine-tuning, reference by disabled adapter or frozen copy.
+
+K = completion tokens; the mask covers each completion up to and including its EOS or stop string.
+"""
+
+import copy
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import StoppingCriteria
+
+from mmgrpo.types import Rollout
+from pipelines.vlm.data import load_image, record_images
+from pipelines.vlm.methods import CareLikelihood
+from pipelines.vlm.prefix import completion_logp
+
+
+def unwrap(hf: nn.Module) -> nn.Module:
+    """The transformers model under a peft wrapper (or hf itself)."""
+    return hf.get_base_model() if hasattr(hf, "get_base_model") else hf
+
+
+class VLMModule(nn.Module):
+    """Task.module: owns the (peft-wrapped) model; forward(prompts, completions, lengths) -> (logp, entropy) [n, K].
+
+    The whole log-prob computation runs inside this forward, so accelerate's DDP wrapper sees one forward call.
+    """
+
+    def __init__(self, hf: nn.Module, *, pad_id: int, temperature: float, shared: bool, chunk_tokens: int):
+        super().__init__()
+        self.hf = hf
+        self.pad_id, self.temperature, self.shared, self.chunk_tokens = pad_id, temperature, shared, chunk_tokens
+
+    def forward(self, prompts: list[dict[str, Any]], completions: Tensor, lengths: Tensor,
+                shared: bool | None = None) -> tuple[Tensor, Tensor]:
+        base = unwrap(self.hf)
+        return completion_logp(base.model, base.get_output_embeddings(), prompts, completions, lengths,
+                               shared=self.shared if shared is None else shared, pad_id=self.pad_id,
+                               temperature=self.temperature, chunk_tokens=self.chunk_tokens)
+
+
+@dataclass
+class SampleSettings:
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop: tuple[str, ...] = ("</answer>",)
+    system_prompt: str | None = None
+    instruction: str | None = None
+
+
+class _StopTracker(StoppingCriteria):
+    """Stopping criterion that records where each row ended: its first EOS token or the end of a stop string."""
+
+    def __init__(self, prompt_len: int, eos_ids: list[int], stop: tuple[str, ...], tokenizer):
+        self.prompt_len, self.stop, self.tokenizer = prompt_len, stop, tokenizer
+        self.eos = torch.tensor(eos_ids)
+        self.window = max((len(s) for s in stop), default=0) + 2  # tokens decode to >= 1 character each
+        self.done_at: Tensor | None = None
+
+    def __call__(self, input_ids: Tensor, scores: Any = None, **kwargs: Any) -> Tensor:
+        gen = input_ids[:, self.prompt_len:].cpu()  # [G, t]
+        if self.done_at is None:
+            self.done_at = torch.full((gen.shape[0],), -1, dtype=torch.long)
+        hit = torch.isin(gen[:, -1], self.eos)  # [G]
+        for r in range(gen.shape[0]):
+            if self.stop and self.done_at[r] < 0 and not hit[r]:
+                tail = self.tokenizer.decode(gen[r, -self.window:].tolist(), skip_special_tokens=False)
+                hit[r] = any(s in tail for s in self.stop)
+        self.done_at = torch.where((self.done_at < 0) & hit, gen.shape[1], self.done_at)
+        return (self.done_at >= 0).to(input_ids.device)
+
+
+class VLMPolicy:
+    """`Policy` for an image-text-to-text model; see the module docstring."""
+
+    def __init__(self, module: VLMModule, processor: Any, *, device: torch.device, settings: SampleSettings,
+                 reference: str = "auto", care: CareLikelihood | None = None, check_logp: bool = False):
+        self.module, self.processor, self.device, self.s = module, processor, device, settings
+        self.tokenizer = processor.tokenizer if hasattr(processor, "tokenizer") else processor
+        self.is_peft = hasattr(module.hf, "disable_adapter")
+        if reference not in ("auto", "copy", "none"):
+            raise ValueError(f"reference={reference!r} must be auto (LoRA: adapter off, full FT: frozen copy), "
+                             f"copy or none")
+        self.reference = ("adapter" if self.is_peft else "copy") if reference == "auto" else reference
+        self.ref_module = None
+        if self.reference == "copy":
+            self.ref_module = copy.deepcopy(module).requires_grad_(False).eval()
+        self.care, self.check_logp = care, check_logp
+        gen_cfg = unwrap(module.hf).generation_config
+        eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else self.tokenizer.eos_token_id
+        self.eos_ids = sorted({int(e) for e in (eos if isinstance(eos, list) else [eos])} |
+                              {int(self.tokenizer.eos_token_id)})
+
+    # ----- prompts
+    def encode(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Processor inputs (batch of 1, on the device) for one record, through the chat template."""
+        try:
+            images = [load_image(x) for x in record_images(record)]
+        except (OSError, ValueError) as err:
+            raise ValueError(f"record {record.get('id', record.get('prompt'))!r}: cannot load its image ({err}); "
+                             f"fix the data or enable pipeline.kwargs.skip_bad_images") from err
+        text = record["prompt"] if not self.s.instruction else f"{record['prompt']}\n{self.s.instruction}"
+        content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
+        messages = [{"role": "system", "content": self.s.system_prompt}] if self.s.system_prompt else []
+        messages.append({"role": "user", "content": content})
+        chat = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        enc = self.processor(text=[chat], images=images or None, return_tensors="pt")
+        return {k: v.to(self.device) for k, v in enc.items() if isinstance(v, Tensor)}
+
+    # ----- rollout
+    def _generation_config(self, group_size: int):
+        from transformers import GenerationConfig
+
+        # every sampling knob explicit: a model's own defaults (top_k=50, repetition_penalty=1.05) would sample from
+        # a different distribution than the one logp() scores
+        return GenerationConfig(do_sample=True, temperature=self.s.temperature, top_p=self.s.top_p, top_k=self.s.top_k,
+                                repetition_penalty=1.0, max_new_tokens=self.s.max_new_tokens,
+                                num_return_sequences=group_size, pad_token_id=self.tokenizer.pad_token_id,
+                                eos_token_id=self.eos_ids, return_dict_in_generate=True,
+                                output_logits=self.check_logp)
+
+    def _generate_group(self, enc: dict[str, Any], group_size: int, seed: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """G completions [G, T] of one prompt, their lengths [G], and generation-time log-probs when checked."""
+        lp = enc["input_ids"].shape[1]
+        stops = _StopTracker(lp, self.eos_ids, self.s.stop, self.tokenizer)
+        gen_in = {k: v for k, v in enc.items() if not k.startswith("_")}
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):  # HF sampling draws from the global RNG: seed it per prompt
+            torch.manual_seed(seed)
+            out = self.module.hf.generate(**gen_in, generation_config=self._generation_config(group_size),
+                                          stopping_criteria=[stops])
+        comp = out.sequences[:, lp:]  # [G, T]
+        t = comp.shape[1]
+        done = stops.done_at if stops.done_at is not None else torch.full((group_size,), -1)
+        lengths = torch.where(done > 0, done, t).clamp(min=1).to(comp.device)  # [G]
+        gen_logp = None
+        if self.check_logp:
+            logits = torch.stack(out.logits, dim=1).float() / self.s.temperature  # [G, T, V]
+            gen_logp = logits.log_softmax(-1).gather(-1, comp[..., None]).squeeze(-1)  # [G, T]
+        return comp, lengths, gen_logp
+
+    @torch.no_grad()
+    def rollout(self, prompts: list[dict[str, Any]], group_size: int, seeds: list[int]) -> Rollout:
+        self.module.eval()
+        encs, comps, lens, gen_lps = [], [], [], []
+        for record, seed in zip(prompts, seeds):
+            enc = self.encode(record)
+            comp, lengths, gen_logp = self._generate_group(enc, group_size, int(seed))
+            encs += [enc] * group_size
+            comps.append(comp)
+            lens.append(lengths)
+            gen_lps.append(gen_logp)
+        k = max(c.shape[1] for c in comps)
+        completions = torch.cat([nn.functional.pad(c, (0, k - c.shape[1]), value=self.tokenizer.pad_token_id)
+                                 for c in comps])  # [N, K]
+        lengths = torch.cat(lens)  # [N]
+        mask = torch.arange(k, device=completions.device)[None] < lengths[:, None]  # [N, K]
+        completions = torch.where(mask, completions, self.tokenizer.pad_token_id)
+        old_logp = self._score(self.module, encs, completions, lengths, group_size)  # [N, K]
+        texts = [self.tokenizer.decode(c[:n].tolist(), skip_special_tokens=True)
+                 for c, n in zip(completions, lengths.tolist())]
+        extras = {"completion_ids": completions, "lengths": lengths, "prompt_enc": encs,
+                  "reward_fields": {"lengths": lengths.tolist()}}
+        metrics = {"rollout/length_mean": float(lengths.float().mean()),
+                   "rollout/truncated_frac": float((lengths == self.s.max_new_tokens).float().mean())}
+        if self.check_logp:
+            gen = torch.cat([nn.functional.pad(g, (0, k - g.shape[1])) for g in gen_lps])  # [N, K]
+            extras["gen_logp"] = torch.where(mask, gen, 0.0)
+            metrics["rollout/gen_logp_max_abs_diff"] = float((extras["gen_logp"] - old_logp).abs().max())
+        if self.care is not None:
+            like = self.care.likelihood(self, encs, completions, lengths, group_size)  # [N]
+            extras["reward_fields"]["likelihood"] = like.tolist()
+            metrics["care/likelihood_mean"] = float(like.mean())
+        return Rollout(samples=texts, old_logp=old_logp.float(), mask=mask, extras=extras, metrics=metrics)
+
+    def _score(self, module: nn.Module, encs: list, completions: Tensor, lengths: Tensor, group_size: int,
+               groups_per_call: int = 4) -> Tensor:
+        """No-grad log-probs [N, K], a few groups per forward."""
+        step = group_size * groups_per_call
+        out = [module(encs[i: i + step], completions[i: i + step], lengths[i: i + step])[0]
+               for i in range(0, len(encs), step)]
+        return torch.cat(out)
+
+    # ----- update
+    def _batch(self, rollout: Rollout, idx: Tensor) -> tuple[list, Tensor, Tensor]:
+        ex = rollout.extras
+        ids = idx.tolist()
+        return ([ex["prompt_enc"][i] for i in ids], ex["completion_ids"][idx.to(ex["completion_ids"].device)],
+                ex["lengths"][idx.to(ex["lengths"].device)])
+
+    def logp(self, model: nn.Module, rollout: Rollout, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        self.module.train()
+        logp, entropy = model(*self._batch(rollout, idx))  # [n, K] each
+        return logp, {"entropy": entropy}
+
+    @torch.no_grad()
+    def ref_logp(self, rollout: Rollout, idx: Tensor) -> Tensor | None:
+        if self.reference == "none":
+            raise ValueError("algo.kl_coef > 0 needs a reference policy but pipeline.kwargs.reference=none; set "
+                             "reference=auto (LoRA: adapter disabled; full fine-tuning: frozen copy) or kl_coef=0")
+        batch = self._batch(rollout, idx)
+        if self.reference == "adapter":
+            with self.module.hf.disable_adapter():
+                return self.module(*batch)[0]
+        return self.ref_module(*batch)[0]
+
+    # ----- weights
+    def trainable_parameters(self) -> Iterable[nn.Parameter]:
+        return [p for p in self.module.parameters() if p.requires_grad]
+
+    def state_dict(self) -> dict[str, Tensor]:
+        """LoRA: the peft adapter state (keys as in adapter_model.safetensors); full FT: every trainable weight."""
+        if self.is_peft:
+            from peft import get_peft_model_state_dict
+
+            return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.module.hf).items()}
+        return {n: p.detach().clone() for n, p in self.module.hf.named_parameters() if p.requires_grad}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        expected = set(self.state_dict())
+        if set(state) != expected:
+            missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
+            raise ValueError(f"VLM weights do not match this model (LoRA rank / trainable modules differ): "
+                             f"missing {missing[:3]}, unexpected {extra[:3]}; load a checkpoint of the same recipe")
+        if self.is_peft:
+            from peft import set_peft_model_state_dict
+
+            set_peft_model_state_dict(self.module.hf, state)
+            return
+        params = dict(self.module.hf.named_parameters())
+        with torch.no_grad():
+            for name, value in state.items():
+                params[name].copy_(value)
+
+    def gallery(self, rollout: Rollout, prompts: list[dict[str, Any]], rewards: Tensor) -> list[dict[str, Any]]:
+        g = len(rollout.samples) // len(prompts)
+        items = []
+        for i, (text, r) in enumerate(zip(rollout.samples[: 4 * g], rewards.tolist())):
+            rec = prompts[i // g]
+            item = {"prompt": rec["prompt"], "text": text, "reward": float(r), "answer": str(rec.get("answers"))}
+            images = record_images(rec)
+            if images and i % g == 0:  # one picture per group
+                item["image"] = load_image(images[0])
+            items.append(item)
+        return items

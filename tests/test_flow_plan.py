@@ -1,0 +1,159 @@
+"""Rollout plans (pipelines/flow/plan.py): trees without branching equal independent rollouts, shared prefixes,
+step selections (all, random fraction, MixGRPO window, Fast, G2RPO singular) and BranchGRPO depth advantages."""
+
+import pytest
+import torch
+
+from pipelines.flow import plan as P
+from pipelines.flow import sde
+
+T = 4
+SIG = sde.sigmas(T, 3.0)
+
+
+def _velocity(x, sigma, prompt, cond=None):
+    # a toy "model": linear in x, depends on the noise level and the prompt's conditioning, like a transformer
+    c = torch.zeros(len(x)) if cond is None else cond[prompt]
+    return 0.5 * x - sigma.view(-1, 1, 1) + 0.01 * c.view(-1, 1, 1)
+
+
+def _run(plan, seeds, trained=None):
+    n = len(seeds) * plan.group_size
+    trained = torch.ones(n, T, dtype=torch.bool) if trained is None else trained
+    cond = torch.tensor(seeds, dtype=torch.float32)  # conditioning follows the prompt, not its batch position
+    return P.execute(plan, seeds=seeds, shape=(2, 3), sigmas=SIG, trained=trained,
+                     velocity=lambda x, s, p: _velocity(x, s, p, cond), step=sde.step, noise_level=0.7)
+
+
+def test_tree_without_branching_equals_independent_rollouts():
+    kinds = ("flow_grpo",) * T
+    indep = _run(P.RolloutPlan(kinds, roots=4), [11, 12])
+    chain = _run(P.RolloutPlan(kinds, roots=4, branches={1: 1, 3: 1}), [11, 12])  # fan-out 1 everywhere: a chain
+    for a, b in [(indep.final, chain.final), (indep.x_t, chain.x_t), (indep.x_next, chain.x_next),
+                 (indep.logp, chain.logp)]:
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert indep.nfe == chain.nfe == 2 * 4 * T
+
+
+def test_each_prompt_rolls_out_the_same_alone_or_batched():
+    plan = P.RolloutPlan(("flow_grpo",) * T, roots=1, branches={1: 2, 2: 2})
+    both = _run(plan, [5, 9])
+    alone = _run(plan, [9])
+    torch.testing.assert_close(both.final[4:], alone.final, rtol=0, atol=1e-6)
+
+
+def test_branching_shares_prefix_and_counts_model_calls():
+    plan = P.RolloutPlan(("ode", "ode", "flow_grpo", "flow_grpo"), roots=1, branches={2: 2})
+    res = _run(plan, [3], trained=torch.tensor([[False, False, True, True]] * 2))
+    # both leaves enter step 2 with the same latent (one model call), then differ by their own noise
+    torch.testing.assert_close(res.x_t[0, 0], res.x_t[1, 0], rtol=0, atol=0)
+    assert not torch.allclose(res.final[0], res.final[1])
+    assert res.nfe == 1 + 1 + 1 + 2 == P.count_nfe(plan, 1)  # steps 0-2 on the root, step 3 on two children
+    assert res.steps.tolist() == [[2, 3], [2, 3]]
+
+
+def test_stored_transitions_rescore_to_ratio_one():
+    res = _run(P.RolloutPlan(("flow_grpo",) * T, roots=2, branches={1: 2}), [1])
+    n, k = res.logp.shape
+    s = SIG[res.steps].reshape(-1)
+    x, xn = res.x_t.reshape(n * k, 2, 3), res.x_next.reshape(n * k, 2, 3)
+    prompt = torch.zeros(n * k, dtype=torch.long)
+    v = _velocity(x, s, prompt, torch.tensor([1.0]))  # the same conditioning as at rollout (seed 1)
+    again = sde.step("flow_grpo", x, v, s, SIG[res.steps + 1].reshape(-1), noise_level=0.7,
+                     prev_sample=xn)
+    torch.testing.assert_close(again.logp.view(n, k), res.logp, rtol=0, atol=1e-6)
+
+
+def test_ode_branch_point_is_rejected():
+    with pytest.raises(ValueError, match="ODE"):
+        P.RolloutPlan(("ode",) * T, roots=1, branches={0: 2}).check()
+
+
+def test_window_start_moves_and_rolls_back():
+    # MixGRPO progressive: T=10, size 4 -> last start 6, positions 0..6; moves by 1 every 25 iterations
+    kw = dict(num_steps=10, size=4, every=25)
+    assert [P.window_start(i, **kw) for i in (0, 24, 25, 150, 174, 175)] == [0, 0, 1, 6, 6, 0]
+    # size 2, stride 3: starts 0, 3, 6 (last = 8, (8 - 0) // 3 + 1 = 3 positions); iteration 50 -> 5 % 3 = 2 -> 6
+    assert P.window_start(50, num_steps=10, size=2, every=10, stride=3) == 6
+    assert P.window_start(60, num_steps=10, size=2, every=10, stride=3) == 0
+
+
+def _plan(name, **kw):
+    base = dict(num_steps=6, group_size=4, sde="flow_grpo", iteration=0, same_noise=False, seeds=[1, 2])
+    base.update(kw)
+    return P.make_plan(name, **base)
+
+
+def test_window_plan_is_sde_inside_ode_outside():
+    plan, trained = _plan("independent", train="window", window_size=2, window_every=3, iteration=7)
+    # iteration 7 // 3 = 2 -> window starts at step 2: steps 2, 3
+    assert plan.kinds == ("ode", "ode", "flow_grpo", "flow_grpo", "ode", "ode")
+    assert trained.shape == (8, 6) and trained[:, 2:4].all() and trained.sum() == 16
+    assert plan.roots == 4 and not plan.branches
+
+
+def test_same_noise_branches_at_step_zero():
+    plan, _ = _plan("independent", same_noise=True)
+    assert plan.roots == 1 and plan.branches == {0: 4} and plan.group_size == 4
+
+
+def test_random_fraction_trains_k_steps_per_sample():
+    _, trained = _plan("independent", train="random", fraction=0.5)
+    assert (trained.sum(1) == 3).all()  # round(0.5 * 6)
+    assert len({tuple(r.tolist()) for r in trained}) > 1  # each sample draws its own steps (DanceGRPO)
+    _, again = _plan("independent", train="random", fraction=0.5)
+    assert torch.equal(trained, again)  # seeded by the prompt seeds: identical on every rank and rerun
+
+
+def test_fast_and_singular_plans():
+    plan, trained = _plan("fast", sde_steps=2, branch_range=[1, 3], iteration=5)
+    s = plan.kinds.index("flow_grpo")
+    assert 1 <= s <= 3 and plan.kinds[s + 1] == "flow_grpo" and plan.kinds.count("flow_grpo") == 2
+    assert plan.branches == {s: 4} and plan.roots == 1
+    assert trained[:, s:s + 2].all() and trained.sum(1).eq(2).all()
+    plan, trained = _plan("singular", branch_steps=[0, 2, 4], iteration=4)  # 4 % 3 = 1 -> step 2
+    assert plan.kinds == ("ode", "ode", "flow_grpo", "ode", "ode", "ode") and plan.branches == {2: 4}
+    assert trained[:, 2].all() and trained.sum() == 8
+
+
+def test_tree_plan_and_depth_pruning():
+    plan, trained = _plan("tree", split_steps=[0, 3], fanout=2, prune_depths=[1])
+    assert plan.branches == {0: 2, 3: 2} and plan.group_size == 4
+    # depth = splits at or before t: steps 0-2 depth 1 (pruned), 3-5 depth 2
+    assert P.depth_of_steps(plan).tolist() == [1, 1, 1, 2, 2, 2]
+    assert trained[0].tolist() == [False, False, False, True, True, True]
+    with pytest.raises(ValueError, match="group_size"):
+        _plan("tree", fanout=3)
+
+
+def test_depth_advantages_without_branching_are_grpo():
+    # rewards [1, 0, 0, 1]: mean 0.5, unbiased std sqrt(1/3) = 0.57735 -> +-0.8660 (GRPO, ddof=1)
+    plan = P.RolloutPlan(("flow_grpo",) * 3, roots=4)
+    steps = torch.tensor([[0, 2]] * 4)
+    adv = P.depth_advantages(plan, torch.tensor([[1.0, 0.0, 0.0, 1.0]]), steps)
+    expect = torch.tensor([0.8660254, -0.8660254, -0.8660254, 0.8660254])[:, None].expand(4, 2)
+    torch.testing.assert_close(adv, expect, rtol=0, atol=1e-6)
+
+
+def test_depth_advantages_on_a_tree():
+    # BranchGRPO arXiv:2509.06040: one root, splits at steps 0 and 2 (fan-out 2), leaves r = [1, 2, 3, 5]
+    # depth 1 nodes (steps 0-1): mean fusion [1.5, 4]; mean 2.75, unbiased std sqrt(2 * 1.25^2) = 1.76777
+    #   -> adv [-0.70711, 0.70711]
+    # depth 2 = leaves (steps 2-3): mean 2.75, std sqrt((3.0625 + 0.5625 + 0.0625 + 5.0625) / 3) = 1.70783
+    #   -> adv [-1.02470, -0.43916, 0.14639, 1.31747]
+    plan = P.RolloutPlan(("dance",) * 4, roots=1, branches={0: 2, 2: 2})
+    steps = torch.tensor([[1, 3]] * 4)
+    adv = P.depth_advantages(plan, torch.tensor([[1.0, 2.0, 3.0, 5.0]]), steps)
+    expect = torch.tensor([[-0.70711, -1.02470], [-0.70711, -0.43916], [0.70711, 0.14639], [0.70711, 1.31747]])
+    torch.testing.assert_close(adv, expect, rtol=0, atol=1e-4)
+
+
+def test_probability_weighted_fusion():
+    # one split at step 0 into 2 children, each leaf its own node: r = [0, 1], edge log-probs [0, log 3]
+    # softmax([0, log 3]) = [0.25, 0.75] -> root reward 0.75 (mean fusion would give 0.5)
+    plan = P.RolloutPlan(("dance",) * 2, roots=1, branches={0: 2})
+    lp = torch.zeros(1, 2, 2)
+    lp[0, 1, 0] = torch.log(torch.tensor(3.0))
+    fused = P.node_rewards(plan, torch.tensor([[0.0, 1.0]]), fusion="prob", leaf_logp=lp)
+    torch.testing.assert_close(fused[0], torch.tensor([[0.75]]))
+    torch.testing.assert_close(P.node_rewards(plan, torch.tensor([[0.0, 1.0]]))[0], torch.tensor([[0.5]]))

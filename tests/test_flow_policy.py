@@ -1,0 +1,154 @@
+"""FlowPolicy on tiny random diffusers models: ratio 1 before any update for every plan, LoRA save/load through
+diffusers, reference and exact KL, rank-independent rollouts, prompt files and one-line model errors."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import pipelines.flow  # noqa: F401
+from mmgrpo.errors import UserError
+from mmgrpo.plugins import PIPELINES
+from pipelines.flow.build import build_flow, read_prompts
+from pipelines.flow.tiny import save_tiny
+
+PROMPTS = ["a red circle", "a blue square"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    return {m: save_tiny(m, root / m) for m in ("sd3", "flux", "wan")}
+
+
+def _build(path, **kw):
+    base = dict(seed=0, device=torch.device("cpu"), model=path, prompts=PROMPTS, resolution=32, num_frames=5,
+                num_steps=4, max_sequence_length=8, lora_rank=4, guidance_scale=1.0)
+    base.update(kw)
+    torch.manual_seed(0)
+    return build_flow(**base)
+
+
+def _records():
+    return [{"prompt": p} for p in PROMPTS]
+
+
+PLANS = [("independent", {"train": "all"}), ("independent", {"train": "random", "fraction": 0.5}),
+         ("independent", {"train": "window", "window_size": 2, "window_every": 1}),
+         ("fast", {"sde_steps": 2}), ("singular", {}), ("tree", {"split_steps": [0, 2]})]
+
+
+@pytest.mark.parametrize("plan,plan_kwargs", PLANS, ids=[f"{p}-{next(iter(k.values()), '')}" for p, k in PLANS])
+def test_ratio_is_one_before_any_update(tiny, plan, plan_kwargs):
+    task = _build(tiny["sd3"], plan=plan, plan_kwargs=plan_kwargs, guidance_scale=3.0)
+    pol = task.policy
+    r = pol.rollout(_records(), 4, [3, 4])
+    assert r.old_logp.shape[0] == 8 and r.mask.all()
+    for ks in (None, slice(0, 1)):  # whole K and one k-chunk
+        lp, _ = pol.logp(task.module, r, torch.arange(8), k_slice=ks)
+        old = r.old_logp[:, ks] if ks is not None else r.old_logp
+        # float32 re-scoring in a different batch composition: equal up to matmul rounding
+        torch.testing.assert_close(torch.exp(lp - old), torch.ones_like(old), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["sd3", "flux", "wan"])
+def test_rollout_is_rank_independent_and_samples_are_pixels(tiny, kind):
+    pol = _build(tiny[kind], same_noise_per_group=True).policy
+    both = pol.rollout(_records(), 2, [7, 8])
+    alone = pol.rollout(_records()[1:], 2, [8])
+    torch.testing.assert_close(both.extras["x_next"][2:], alone.extras["x_next"], rtol=0, atol=1e-5)
+    s = both.samples[0]
+    assert s.shape == ((5, 3, 32, 32) if kind == "wan" else (3, 32, 32))
+    assert 0.0 <= float(s.min()) and float(s.max()) <= 1.0
+    # same initial noise per group: both members start from one latent, so step 0 inputs agree
+    torch.testing.assert_close(both.extras["x_t"][0, 0], both.extras["x_t"][1, 0], rtol=0, atol=0)
+
+
+def test_reference_and_exact_kl(tiny):
+    task = _build(tiny["sd3"])
+    pol = task.policy
+    r = pol.rollout(_records(), 2, [1, 2])
+    idx = torch.arange(4)
+    ref = pol.ref_logp(r, idx)
+    torch.testing.assert_close(ref, r.old_logp, rtol=0, atol=1e-5)  # LoRA B starts at 0: policy == reference
+    with torch.no_grad():
+        for name, p in task.module.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.05 * torch.randn_like(p))
+    lp, aux = pol.logp(task.module, r, idx)
+    assert aux["kl"].shape == lp.shape and bool((aux["kl"] > 0).all())
+    torch.testing.assert_close(pol.ref_logp(r, idx), ref, rtol=0, atol=1e-5)  # adapter disabled = base model
+
+
+def test_full_finetune_reference_is_a_frozen_copy(tiny):
+    task = _build(tiny["flux"], lora_rank=0, guidance_scale=3.5)
+    pol = task.policy
+    assert pol.ref is not None and not any(p.requires_grad for p in pol.ref.parameters())
+    r = pol.rollout(_records(), 2, [1, 2])
+    with torch.no_grad():
+        next(task.module.parameters()).add_(0.1)
+    torch.testing.assert_close(pol.ref_logp(r, torch.arange(4)), r.old_logp, rtol=0, atol=1e-5)
+    assert len(pol.state_dict()) == len(task.module.state_dict())
+
+
+@pytest.mark.parametrize("kind", ["sd3", "flux", "wan"])
+def test_lora_round_trips_through_diffusers_load_lora_weights(tiny, kind, tmp_path):
+    from diffusers import DiffusionPipeline
+
+    task = _build(tiny[kind])
+    pol = task.policy
+    with torch.no_grad():
+        for name, p in task.module.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.05 * torch.randn_like(p))
+    state = pol.state_dict()
+    pol.save_lora(str(tmp_path))
+    assert (tmp_path / "pytorch_lora_weights.safetensors").is_file()
+    fresh = DiffusionPipeline.from_pretrained(tiny[kind])
+    fresh.load_lora_weights(str(tmp_path))
+    r = pol.rollout(_records(), 2, [5, 6])
+    x, s = r.extras["x_t"][:, 0], r.extras["sigma"][:, 0]
+    cond = {k[5:]: v for k, v in r.extras.items() if k.startswith("cond_")}
+    with torch.no_grad():
+        ours = pol.model.velocity(task.module, x, s, cond)
+        theirs = pol.model.velocity(fresh.transformer, x, s, cond)
+        base = _build(tiny[kind]).policy.model.velocity(_build(tiny[kind]).module, x, s, cond)
+    torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(base, ours, atol=1e-6)  # the adapter really changed the model
+    other = _build(tiny[kind]).policy
+    other.load_state_dict(state)  # checkpoint path: peft state back into a fresh adapter
+    assert all(torch.equal(other.state_dict()[k], state[k]) for k in state)
+
+
+def test_missing_model_fails_fast_with_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    t0 = time.perf_counter()
+    with pytest.raises(UserError) as err:
+        _build("nobody/not-a-model")
+    msg = str(err.value)
+    assert "\n" not in msg and "nobody/not-a-model" in msg and "local directory" in msg
+    assert time.perf_counter() - t0 < 20
+    with pytest.raises(UserError, match="not a directory"):
+        _build(str(tmp_path / "missing"))
+
+
+def test_prompt_files(tmp_path):
+    (tmp_path / "p.txt").write_text("a cat\n\n a dog \n")
+    assert read_prompts(str(tmp_path / "p.txt")) == [{"prompt": "a cat"}, {"prompt": "a dog"}]
+    (tmp_path / "p.jsonl").write_text(json.dumps({"prompt": "two cats", "count": 2}) + "\n")
+    assert read_prompts(str(tmp_path / "p.jsonl")) == [{"prompt": "two cats", "count": 2}]
+    (tmp_path / "bad.jsonl").write_text('{"text": "x"}\n')
+    with pytest.raises(UserError, match="prompt"):
+        read_prompts(str(tmp_path / "bad.jsonl"))
+
+
+def test_registered_and_kwargs_checked():
+    assert "flow" in PIPELINES
+    with pytest.raises(ValueError, match="lora_rnak"):
+        PIPELINES.check_kwargs("flow", {"lora_rnak": 4})
+    with pytest.raises(UserError, match="sde"):
+        _build("unused", sde="ode")
+    with pytest.raises(UserError, match="model_type"):
+        _build(str(Path(__file__).parent), model_type="sd3") if False else _build("tiny:sd3", model_type="wan")
