@@ -56,6 +56,9 @@ def compute_advantages(run: Run, batch: Batch, progress: float) -> tuple[Tensor,
     n_local = batch.total.numel()
     lo = acc.process_index * n_local
     adv, use = adv[lo: lo + n_local], use[lo: lo + n_local]
+    if getattr(run.policy, "wants_step_advantages", False):
+        # the rollout plan credits each decision separately (BranchGRPO trees): [N_local, K] from this rank's groups
+        adv = run.policy.step_advantages(batch.rollout, batch.total.view(-1, g))
     use = use & batch.keep.repeat_interleave(g)
     totals = all_gather(acc, batch.total).view(-1, g)  # [B, G]
     stats = {"adv/mean": float(adv.mean()), "adv/std": float(adv.std()) if adv.numel() > 1 else 0.0,
@@ -84,7 +87,8 @@ def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor
     loss_mat, metrics = losses.compute(a.loss, logp, old, a_idx.to(logp.device), m, **kw)
     metrics = dict(metrics)
     if ref is not None:
-        kl_mat = losses.kl(logp, ref[idx][:, ks_].to(logp.device), a.kl_kind)  # [n, k]
+        # a pipeline that knows the exact KL (flow: Gaussian transitions with equal std) returns it in aux
+        kl_mat = aux["kl"] if "kl" in aux else losses.kl(logp, ref[idx][:, ks_].to(logp.device), a.kl_kind)
         loss_mat = loss_mat + a.kl_coef * kl_mat
         metrics["kl/ref"] = torch.where(m, kl_mat, 0.0).sum() / m.sum().clamp(min=1)
     if "entropy" in aux:
@@ -221,6 +225,8 @@ def train(cfg: Config) -> dict[str, Any]:
         for step in range(run.start_step, cfg.run.steps):
             t0 = time.perf_counter()
             # 1-2. sample prompts, roll out G samples per prompt, score them (refilling flat groups if asked)
+            if hasattr(run.policy, "set_iteration"):
+                run.policy.set_iteration(step)  # schedules inside the policy (MixGRPO window) follow the step
             try:
                 batch = collect(run, step)
             except Exception as err:

@@ -3,4 +3,6 @@
 Importing this package must stay light: heavy libraries (diffusers, transformers) are imported inside builders.
 """
 
+import pipelines.flow  # noqa: F401  registers "flow"
+import pipelines.flow.objectives  # noqa: F401  registers the "guard_clipped" policy loss
 import pipelines.toy  # noqa: F401  registers "toy_count"

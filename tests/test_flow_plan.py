@@ -71,7 +71,7 @@ def test_ode_branch_point_is_rejected():
 
 def test_window_start_moves_and_rolls_back():
     # MixGRPO progressive: T=10, size 4 -> last start 6, positions 0..6; moves by 1 every 25 iterations
-    kw = dict(num_steps=10, size=4, every=25)
+    kw = {"num_steps": 10, "size": 4, "every": 25}
     assert [P.window_start(i, **kw) for i in (0, 24, 25, 150, 174, 175)] == [0, 0, 1, 6, 6, 0]
     # size 2, stride 3: starts 0, 3, 6 (last = 8, (8 - 0) // 3 + 1 = 3 positions); iteration 50 -> 5 % 3 = 2 -> 6
     assert P.window_start(50, num_steps=10, size=2, every=10, stride=3) == 6
@@ -79,7 +79,7 @@ def test_window_start_moves_and_rolls_back():
 
 
 def _plan(name, **kw):
-    base = dict(num_steps=6, group_size=4, sde="flow_grpo", iteration=0, same_noise=False, seeds=[1, 2])
+    base = {"num_steps": 6, "group_size": 4, "sde": "flow_grpo", "iteration": 0, "same_noise": False, "seeds": [1, 2]}
     base.update(kw)
     return P.make_plan(name, **base)
 

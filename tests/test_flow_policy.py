@@ -3,7 +3,6 @@ diffusers, reference and exact KL, rank-independent rollouts, prompt files and o
 
 import json
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,8 +23,8 @@ def tiny(tmp_path_factory):
 
 
 def _build(path, **kw):
-    base = dict(seed=0, device=torch.device("cpu"), model=path, prompts=PROMPTS, resolution=32, num_frames=5,
-                num_steps=4, max_sequence_length=8, lora_rank=4, guidance_scale=1.0)
+    base = {"seed": 0, "device": torch.device("cpu"), "model": path, "prompts": PROMPTS, "resolution": 32, "num_frames": 5,
+                "num_steps": 4, "max_sequence_length": 8, "lora_rank": 4, "guidance_scale": 1.0}
     base.update(kw)
     torch.manual_seed(0)
     return build_flow(**base)
@@ -144,11 +143,11 @@ def test_prompt_files(tmp_path):
         read_prompts(str(tmp_path / "bad.jsonl"))
 
 
-def test_registered_and_kwargs_checked():
+def test_registered_and_kwargs_checked(tiny):
     assert "flow" in PIPELINES
     with pytest.raises(ValueError, match="lora_rnak"):
         PIPELINES.check_kwargs("flow", {"lora_rnak": 4})
     with pytest.raises(UserError, match="sde"):
         _build("unused", sde="ode")
     with pytest.raises(UserError, match="model_type"):
-        _build(str(Path(__file__).parent), model_type="sd3") if False else _build("tiny:sd3", model_type="wan")
+        _build(tiny["sd3"], model_type="wan")

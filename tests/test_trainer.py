@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -179,7 +180,10 @@ def test_two_ranks_match_one(tmp_path):
     args = ["run.steps=4", "algo.num_minibatches=2", "algo.inner_epochs=2"]
     one = subprocess.run(_cli(tmp_path / "one", *args), env=_env(), capture_output=True, text=True)
     assert one.returncode == 0, one.stderr
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517",
+    with socket.socket() as sock:  # a free port: a fixed one collides with other runs on the machine
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
            "-m", "mmgrpo.cli", "train", RECIPE, f"run.output_dir={tmp_path / 'two'}", *FAST, *args]
     two = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
     assert two.returncode == 0, two.stderr

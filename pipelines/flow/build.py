@@ -73,7 +73,7 @@ def load_pipeline(model: str, torch_dtype: torch.dtype):
     try:
         return DiffusionPipeline.from_pretrained(str(Path(model).expanduser()) if looks_local else model,
                                                  dtype=torch_dtype)
-    except (OSError, ValueError, EnvironmentError) as err:
+    except (OSError, ValueError) as err:
         offline = " (HF_HUB_OFFLINE=1 is set)" if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
         first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
         raise UserError(f"pipeline.kwargs.model ({model!r}) could not be loaded{offline}: {first}; download it "

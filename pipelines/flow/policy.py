@@ -25,6 +25,11 @@ class FlowPolicy:
 
     per_element_metrics = True
 
+    @property
+    def wants_step_advantages(self) -> bool:
+        """Tree plans credit each shared transition with its subtree's reward (BranchGRPO), not the leaf's."""
+        return self.plan_name == "tree"
+
     def __init__(self, pipe: Any, model: FlowModel, *, num_steps: int, sde_kind: str, noise_level: float,
                  reduce: str, plan: str, plan_kwargs: dict, same_noise: bool, lora: bool, reference: bool,
                  k_chunk: int | None, seed: int, decode_batch_size: int):
@@ -88,7 +93,7 @@ class FlowPolicy:
         ex = rollout.extras
         x = ex["x_t"][idx][:, ks]  # [n, k, ...]
         n, k = x.shape[:2]
-        flat = lambda t: t.reshape(n * k, *t.shape[2:])  # noqa: E731
+        flat = lambda t: t.reshape(n * k, *t.shape[2:])
         cond = {key[5:]: v[idx].repeat_interleave(k, 0) for key, v in ex.items() if key.startswith("cond_")}
         sigma, sigma_next = flat(ex["sigma"][idx][:, ks]), flat(ex["sigma_next"][idx][:, ks])  # [n * k]
         v = self.model.velocity(module, flat(x), sigma, cond)

@@ -39,7 +39,8 @@ def clip_tokenizer(path: Path, n_merges: int = 0):
     merges = []
     if n_merges and spec is not None:
         bpe = Path(spec.submodule_search_locations[0]) / "bpe_simple_vocab_16e6.txt.gz"
-        merges = [tuple(m.split()) for m in gzip.open(bpe).read().decode("utf-8").split("\n")[1: 1 + n_merges]]
+        with gzip.open(bpe) as f:
+            merges = [tuple(m.split()) for m in f.read().decode("utf-8").split("\n")[1: 1 + n_merges]]
     base = _bytes_to_unicode()
     tokens = base + [b + "</w>" for b in base] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
     path.mkdir(parents=True, exist_ok=True)
@@ -73,7 +74,7 @@ def _clip_text(v: int, projection: bool):
 def _t5(umt5: bool = False):
     from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
-    kw = dict(vocab_size=64, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4, relative_attention_num_buckets=8)
+    kw = {"vocab_size": 64, "d_model": 32, "d_kv": 8, "d_ff": 37, "num_layers": 2, "num_heads": 4, "relative_attention_num_buckets": 8}
     return UMT5EncoderModel(UMT5Config(**kw)) if umt5 else T5EncoderModel(T5Config(**kw))
 
 

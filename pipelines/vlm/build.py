@@ -56,13 +56,18 @@ def apply_training_mode(hf, *, lora_rank: int, lora_alpha: float | None, lora_dr
         raise UserError(f"pipeline.kwargs.lora_rank ({lora_rank}) must be >= 0 (0 = full fine-tuning)")
     if gradient_checkpointing:
         # non-reentrant: works with frozen embeddings under LoRA (no enable_input_require_grads hack)
-        hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if hasattr(hf, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora_rank > 0:
         from peft import LoraConfig, get_peft_model
 
         cfg = LoraConfig(r=lora_rank, lora_alpha=lora_alpha or 2 * lora_rank, lora_dropout=lora_dropout,
                          target_modules=lora_targets or LORA_TARGETS, bias="none")
-        return get_peft_model(hf, cfg)
+        with warnings.catch_warnings():  # peft reads the deprecated is_gradient_checkpointing alias
+            warnings.simplefilter("ignore", FutureWarning)
+            return get_peft_model(hf, cfg)
     hf.requires_grad_(True)
     if freeze_vision:
         visual = getattr(getattr(hf, "model", hf), "visual", None)

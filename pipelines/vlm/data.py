@@ -113,8 +113,9 @@ def jsonl_records(path: str | Path, *, skip_bad_images: bool = False, limit: int
                 row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise UserError(f"{where}: not valid JSON ({err.msg} at column {err.colno}); fix that line") from None
-            rec = _parse_row(row, where + (f" (id {row['id']!r})" if isinstance(row, dict) and "id" in row else ""),
-                             p.parent)
+            if isinstance(row, dict) and "id" in row:
+                where += f" (id {row['id']!r})"
+            rec = _parse_row(row, where, p.parent)
             problems = [q for q in map(_image_problem, map(Path, record_images(rec))) if q]
             if problems and not skip_bad_images:
                 raise UserError(f"{where}: {problems[0]}; fix the path (relative paths start at {str(p.parent)!r}) "

@@ -16,7 +16,7 @@ from transformers import StoppingCriteria
 from mmgrpo.types import Rollout
 from pipelines.vlm.data import load_image, record_images
 from pipelines.vlm.methods import CareLikelihood
-from pipelines.vlm.prefix import completion_logp
+from pipelines.vlm.prefix import completion_logp, vision_token_ids
 
 
 def unwrap(hf: nn.Module) -> nn.Module:
@@ -34,13 +34,19 @@ class VLMModule(nn.Module):
         super().__init__()
         self.hf = hf
         self.pad_id, self.temperature, self.shared, self.chunk_tokens = pad_id, temperature, shared, chunk_tokens
+        self.suppress_ids = vision_token_ids(unwrap(hf).config)
+        vocab = unwrap(hf).get_output_embeddings().weight.shape[0]
+        suppress = torch.zeros(vocab, dtype=torch.bool)
+        suppress[self.suppress_ids] = True
+        self.register_buffer("suppress", suppress, persistent=False)
 
     def forward(self, prompts: list[dict[str, Any]], completions: Tensor, lengths: Tensor,
                 shared: bool | None = None) -> tuple[Tensor, Tensor]:
         base = unwrap(self.hf)
         return completion_logp(base.model, base.get_output_embeddings(), prompts, completions, lengths,
                                shared=self.shared if shared is None else shared, pad_id=self.pad_id,
-                               temperature=self.temperature, chunk_tokens=self.chunk_tokens)
+                               temperature=self.temperature, chunk_tokens=self.chunk_tokens,
+                               suppress=self.suppress if self.suppress_ids else None)
 
 
 @dataclass
@@ -121,6 +127,7 @@ class VLMPolicy:
         # a different distribution than the one logp() scores
         return GenerationConfig(do_sample=True, temperature=self.s.temperature, top_p=self.s.top_p, top_k=self.s.top_k,
                                 repetition_penalty=1.0, max_new_tokens=self.s.max_new_tokens,
+                                suppress_tokens=self.module.suppress_ids or None,
                                 num_return_sequences=group_size, pad_token_id=self.tokenizer.pad_token_id,
                                 eos_token_id=self.eos_ids, return_dict_in_generate=True,
                                 output_logits=self.check_logp)
@@ -141,7 +148,8 @@ class VLMPolicy:
         lengths = torch.where(done > 0, done, t).clamp(min=1).to(comp.device)  # [G]
         gen_logp = None
         if self.check_logp:
-            logits = torch.stack(out.logits, dim=1).float() / self.s.temperature  # [G, T, V]
+            logits = torch.stack(out.logits, dim=1).float() / self.s.temperature  # [G, T, V] raw, unprocessed
+            logits = logits.masked_fill(self.module.suppress.to(logits.device), float("-inf"))
             gen_logp = logits.log_softmax(-1).gather(-1, comp[..., None]).squeeze(-1)  # [G, T]
         return comp, lengths, gen_logp
 

@@ -137,19 +137,30 @@ def plain_inputs(prompts: list[dict[str, Any]], completions: Tensor, lengths: Te
     return kwargs, torch.arange(n, device=dev), where
 
 
-def _chunk_logp(h: Tensor, targets: Tensor, head: nn.Module, temperature: float) -> tuple[Tensor, Tensor]:
-    logps = (head(h).float() / temperature).log_softmax(-1)  # [T, V]
+def vision_token_ids(config: Any) -> list[int]:
+    """Ids of the vision placeholder tokens (image/video pad, vision start/end) named in a model config."""
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id", "image_token_index")
+    return sorted({int(v) for v in (getattr(config, n, None) for n in names) if isinstance(v, int)})
+
+
+def _chunk_logp(h: Tensor, targets: Tensor, head: nn.Module, temperature: float,
+                suppress: Tensor | None) -> tuple[Tensor, Tensor]:
+    logits = head(h).float() / temperature  # [T, V]
+    if suppress is not None:
+        logits = logits.masked_fill(suppress, float("-inf"))
+    logps = logits.log_softmax(-1)  # [T, V]
     logp = logps.gather(-1, targets[:, None]).squeeze(-1)  # [T]
-    entropy = -(logps.exp() * logps).sum(-1)  # [T]
+    entropy = -torch.special.xlogy(logps.exp(), logps.exp()).sum(-1)  # [T] (0 log 0 = 0 on suppressed ids)
     return logp, entropy
 
 
 def token_logp(hidden: Tensor, head: nn.Module, targets: Tensor, *, temperature: float = 1.0,
-               chunk_tokens: int = 1024) -> tuple[Tensor, Tensor]:
+               chunk_tokens: int = 1024, suppress: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """log softmax(head(h) / T)[target] and the entropy, `chunk_tokens` rows of logits at a time.
 
     With grad, each chunk is checkpointed: the [T, V] logits are rebuilt in backward one chunk at a time, so peak
-    memory is chunk_tokens x V instead of N x K x V.
+    memory is chunk_tokens x V instead of N x K x V. `suppress` [V] bool marks ids removed from the distribution
+    (the vision placeholders, which generation suppresses too: sampled, they break the image-token count).
 
     Args:
         hidden: [T, H] hidden states.  targets: [T] token ids.
@@ -162,9 +173,9 @@ def token_logp(hidden: Tensor, head: nn.Module, targets: Tensor, *, temperature:
     for s in range(0, hidden.shape[0], chunk_tokens):
         h, tg = hidden[s: s + chunk_tokens], targets[s: s + chunk_tokens]
         if torch.is_grad_enabled() and h.requires_grad:
-            lp, ent = checkpoint(_chunk_logp, h, tg, head, temperature, use_reentrant=False)
+            lp, ent = checkpoint(_chunk_logp, h, tg, head, temperature, suppress, use_reentrant=False)
         else:
-            lp, ent = _chunk_logp(h, tg, head, temperature)
+            lp, ent = _chunk_logp(h, tg, head, temperature, suppress)
         outs.append(lp)
         ents.append(ent.detach())
     empty = hidden.new_zeros(0, dtype=torch.float32)
@@ -173,7 +184,7 @@ def token_logp(hidden: Tensor, head: nn.Module, targets: Tensor, *, temperature:
 
 def completion_logp(lm: nn.Module, head: nn.Module, prompts: list[dict[str, Any]], completions: Tensor,
                     lengths: Tensor, *, shared: bool, pad_id: int, temperature: float = 1.0,
-                    chunk_tokens: int = 1024) -> tuple[Tensor, Tensor]:
+                    chunk_tokens: int = 1024, suppress: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Per-token log-probs and entropies [n, K] of `completions` after their prompts (0 beyond each length).
 
     lm is the base VLM (`XForConditionalGeneration.model`, returning last_hidden_state), head its lm_head.
@@ -190,7 +201,8 @@ def completion_logp(lm: nn.Module, head: nn.Module, prompts: list[dict[str, Any]
     hidden = lm(**kwargs, use_cache=False).last_hidden_state  # [R, L, H]
     mask = torch.arange(k, device=completions.device)[None] < lengths[:, None]  # [n, K]
     h = hidden[rows[:, None].expand(n, k)[mask], where[mask]]  # [T, H] only real tokens reach the lm_head
-    lp, ent = token_logp(h, head, completions[mask], temperature=temperature, chunk_tokens=chunk_tokens)
+    lp, ent = token_logp(h, head, completions[mask], temperature=temperature, chunk_tokens=chunk_tokens,
+                         suppress=suppress)
     logp = torch.zeros((n, k), dtype=torch.float32, device=completions.device).masked_scatter(mask, lp)  # [n, K]
     entropy = torch.zeros((n, k), dtype=torch.float32, device=completions.device).masked_scatter(mask, ent)
     return logp, entropy

@@ -1,0 +1,154 @@
+"""Prefix-shared forward (Prefix Grouper, arXiv:2506.05433) == the plain batch, in outputs and gradients, on tiny
+random Qwen2-VL and Qwen2.5-VL with unequal completion lengths; the block mask, positions and chunked log-softmax."""
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from pipelines.vlm.prefix import (_block_mask, completion_logp, group_indices, mrope_positions, shared_inputs,
+                                  supports_shared, token_logp)
+from pipelines.vlm.tiny import tiny_model_dir
+
+MODELS = ["tiny-random-qwen2-vl", "tiny-random-qwen2.5-vl"]
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("vlm_models"))
+
+
+def _load(cache, name):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    path = tiny_model_dir(name, cache)
+    return AutoProcessor.from_pretrained(path), AutoModelForImageTextToText.from_pretrained(path)
+
+
+def _enc(proc, question, hw):
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+    text = proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    rng = np.random.default_rng(hw[0])
+    img = Image.fromarray(rng.integers(0, 255, (*hw, 3), dtype=np.uint8))
+    return dict(proc(text=[text], images=[img], return_tensors="pt"))
+
+
+def _grads(model, fn):
+    model.zero_grad()
+    logp, ent = fn()
+    weights = torch.randn(logp.shape, generator=torch.Generator().manual_seed(1))
+    (logp * weights).sum().backward()
+    return logp.detach(), ent, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_shared_equals_plain_outputs_and_grads(cache, name):
+    proc, model = _load(cache, name)
+    a, b = _enc(proc, "How many circles?", (32, 48)), _enc(proc, "What color is the big square?", (60, 40))
+    prompts = [a, a, a, b, b, b, b]  # two groups, one of G=3 and one of G=4
+    comps = torch.randint(0, 256, (7, 9))
+    lengths = torch.tensor([9, 4, 1, 6, 9, 2, 5])  # unequal, including a single-token completion
+
+    def run(shared):
+        return completion_logp(model.model, model.lm_head, prompts, comps, lengths, shared=shared, pad_id=0,
+                               temperature=0.7, chunk_tokens=5)
+
+    lp_p, ent_p, g_p = _grads(model, lambda: run(False))
+    lp_s, ent_s, g_s = _grads(model, lambda: run(True))
+    mask = torch.arange(9)[None] < lengths[:, None]
+    assert (lp_p[~mask] == 0).all() and (lp_s[~mask] == 0).all()
+    torch.testing.assert_close(lp_s, lp_p, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent_s, ent_p, rtol=1e-5, atol=1e-5)
+    assert g_p.keys() == g_s.keys() and any("visual" in k for k in g_p)  # grads reach the vision tower in both
+    for k in g_p:
+        rel = (g_s[k] - g_p[k]).norm() / g_p[k].norm().clamp(min=1e-12)
+        assert rel <= 1e-5, (k, float(rel))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_completion_positions_continue_after_the_prefix(cache, name):
+    """Shared-row M-RoPE positions equal the model's own get_rope_index over [prompt | completion]."""
+    proc, model = _load(cache, name)
+    enc = _enc(proc, "Q?", (56, 84))
+    comps = torch.randint(0, 256, (2, 5))
+    lengths = torch.tensor([5, 3])
+    kwargs, rows, where = shared_inputs(model.model, [enc, enc], comps, lengths, pad_id=0, dtype=torch.float32)
+    lp = enc["input_ids"].shape[1]
+    for i, start in ((0, lp), (1, lp + 4)):
+        full = torch.cat([enc["input_ids"], comps[i: i + 1, :4]], 1)  # the 4 completion tokens fed as inputs
+        mm = torch.cat([enc["mm_token_type_ids"], torch.zeros(1, 4, dtype=torch.long)], 1)
+        ref, _ = model.model.get_rope_index(full, mm_token_type_ids=mm, image_grid_thw=enc["image_grid_thw"])
+        m = int(lengths[i]) - 1
+        assert torch.equal(kwargs["position_ids"][:, 0, start: start + m], ref[:, 0, lp: lp + m])
+    assert torch.equal(kwargs["position_ids"][:, 0, :lp], mrope_positions(model.model, enc))
+    # hidden state predicting token t: the last prompt token for t = 0, else completion token t - 1
+    assert where[0].tolist()[:5] == [lp - 1, lp, lp + 1, lp + 2, lp + 3]
+    assert where[1].tolist()[:3] == [lp - 1, lp + 4, lp + 5] and rows.tolist() == [0, 0]
+
+
+def test_block_mask_golden():
+    # row: prefix of 2 (seg 0), completion 1 of 2 tokens, completion 2 of 1 token, one pad
+    seg = torch.tensor([[0, 0, 1, 1, 2, -1]])
+    allowed = _block_mask(seg, torch.float32)[0, 0] == 0
+    expect = torch.tensor([[1, 0, 0, 0, 0, 0],
+                           [1, 1, 0, 0, 0, 0],
+                           [1, 1, 1, 0, 0, 0],
+                           [1, 1, 1, 1, 0, 0],
+                           [1, 1, 0, 0, 1, 0],  # completion 2 sees the prefix and itself, not completion 1
+                           [0, 0, 0, 0, 0, 1]], dtype=torch.bool)  # padding sees only itself (no NaN row)
+    assert torch.equal(allowed, expect)
+
+
+def test_group_indices_by_shared_encoding():
+    a, b = {"x": 1}, {"x": 1}  # equal content, different prompts
+    assert group_indices([a, b, a, b, b]) == [[0, 2], [1, 3, 4]]
+
+
+def test_token_logp_chunked_matches_dense_and_suppresses():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(6, 11, bias=False)
+    h = torch.randn(7, 6, requires_grad=True)
+    tg = torch.tensor([0, 3, 10, 5, 5, 1, 2])
+    suppress = torch.zeros(11, dtype=torch.bool)
+    suppress[[4, 9]] = True
+    lp, ent = token_logp(h, head, tg, temperature=0.5, chunk_tokens=3, suppress=suppress)
+    lp.sum().backward()
+    g_chunk = h.grad.clone()
+    h.grad = None
+    logits = (head(h) / 0.5).double()
+    logits[:, [4, 9]] = float("-inf")
+    ref = logits.log_softmax(-1).gather(-1, tg[:, None]).squeeze(-1)
+    ref.sum().backward()
+    torch.testing.assert_close(lp.double(), ref.detach(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(g_chunk.double(), h.grad.double(), rtol=1e-5, atol=1e-6)
+    p = logits.softmax(-1)
+    ref_ent = -(p * torch.where(p > 0, p.log(), 0.0)).sum(-1)
+    torch.testing.assert_close(ent.double(), ref_ent.detach(), rtol=1e-5, atol=1e-6)
+    assert not ent.requires_grad and torch.isfinite(ent).all()
+    # a uniform head over 9 allowed ids: entropy log 9, every log-prob -log 9
+    flat, e = token_logp(torch.zeros(2, 6), torch.nn.Linear(6, 11, bias=False), torch.tensor([0, 1]),
+                         suppress=suppress)
+    assert torch.allclose(flat, torch.full((2,), -np.log(9.0)).float()) and torch.allclose(e, torch.full((2,), np.log(9.0)).float())
+
+
+def test_supports_shared_falls_back_cleanly(cache):
+    _, model = _load(cache, MODELS[0])
+    assert supports_shared(model) == (True, "")
+    model.config._attn_implementation = "flash_attention_2"
+    ok, why = supports_shared(model)
+    assert not ok and "flash_attention_2" in why
+    model.config._attn_implementation = "sdpa"
+
+    class Other:
+        config = type("C", (), {"model_type": "llava", "_attn_implementation": "sdpa"})()
+
+    ok, why = supports_shared(Other())
+    assert not ok and "llava" in why
+
+
+def test_lengths_out_of_range_raise(cache):
+    proc, model = _load(cache, MODELS[0])
+    enc = _enc(proc, "Q", (32, 32))
+    with pytest.raises(ValueError, match="lengths"):
+        completion_logp(model.model, model.lm_head, [enc], torch.zeros(1, 3, dtype=torch.long), torch.tensor([0]),
+                        shared=True, pad_id=0)
