@@ -27,5 +27,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(OFFLINE) $(PY) -m pytest -q
 
+bench: $(STAMP)
+	$(OFFLINE) $(PY) bench/run_all.py
+
 clean:
 	rm -rf $(VENV) runs

@@ -63,7 +63,7 @@ def test_care_likelihood_reaches_the_grpo_care_reward(tmp_path):
     encs = [pol.encode(task.train_data[0])] * 3
     before = {k_: v.clone() for k_, v in pol.state_dict().items()}
     like = pol.care.likelihood(pol, encs, comps, lengths, 3)  # first call: EMA == current weights
-    logp = pol._score(pol.module, encs, comps, lengths, 3)
+    logp = pol._score(pol.module, encs, comps, lengths, 3)  # no grad
     answer_at = [texts[i].index("<answer>") for i in range(2)]
     # the answer is one byte token right after the <answer> tag token: p = exp(logp of that token)
     pos = [len(tok(texts[i][:answer_at[i]])["input_ids"]) + 1 for i in range(2)]

@@ -187,6 +187,7 @@ class VLMPolicy:
             metrics["care/likelihood_mean"] = float(like.mean())
         return Rollout(samples=texts, old_logp=old_logp.float(), mask=mask, extras=extras, metrics=metrics)
 
+    @torch.no_grad()
     def _score(self, module: nn.Module, encs: list, completions: Tensor, lengths: Tensor, group_size: int,
                groups_per_call: int = 4) -> Tensor:
         """No-grad log-probs [N, K], a few groups per forward."""
