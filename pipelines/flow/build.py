@@ -17,8 +17,25 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
            "float16": torch.float16, "fp16": torch.float16}
 
 
+def shapes_prompts(spec: str) -> list[dict[str, Any]]:
+    """ShapesWorld prompts "shapes:<split>[:<category>,...]" as records with their GenEval-style category."""
+    from pipelines.shapes.scenes import CATEGORIES, SPLITS, list_prompts
+
+    parts = spec.split(":")
+    split = parts[1] if len(parts) > 1 else "train"
+    cats = parts[2].split(",") if len(parts) > 2 and parts[2] else list(CATEGORIES)
+    bad = [c for c in cats if c not in CATEGORIES]
+    if split not in SPLITS or bad:
+        raise UserError(f"pipeline.kwargs.data ({spec!r}): use shapes:<split>[:<category>,...] with split in "
+                        f"{', '.join(SPLITS)} and categories from {', '.join(CATEGORIES)}")
+    return [{"prompt": p, "category": c} for c in cats for p in list_prompts(split, c)]
+
+
 def read_prompts(path: str) -> list[dict[str, Any]]:
-    """Prompt records from a .txt file (one prompt per line) or .jsonl ({"prompt": ..., ground-truth fields})."""
+    """Prompt records from a .txt file (one prompt per line), .jsonl ({"prompt": ..., ground-truth fields}) or
+    ShapesWorld ("shapes:train", "shapes:test:position,counting")."""
+    if path.startswith("shapes:"):
+        return shapes_prompts(path)
     p = Path(path)
     if not p.is_file():
         raise UserError(f"pipeline.kwargs.data ({path!r}) is not a file; pass a .txt (one prompt per line) or a "
