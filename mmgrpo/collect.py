@@ -45,19 +45,33 @@ def _pad_dim1(tensors: list[Tensor]) -> list[Tensor]:
     return out
 
 
+def _cat_extras(values: list[Any]) -> Any:
+    """Per-sample payloads of several rounds joined along N: tensors (padded on dim 1), lists, dicts of those."""
+    first = values[0]
+    if isinstance(first, Tensor):
+        return torch.cat(_pad_dim1(values), dim=0)
+    if isinstance(first, list):
+        return [v for vs in values for v in vs]
+    if isinstance(first, dict):
+        return {k: _cat_extras([v[k] for v in values]) for k in first}
+    return first  # scalars and configs shared by every round
+
+
+def _select(value: Any, idx: Tensor, n: int) -> Any:
+    if isinstance(value, Tensor) and value.dim() and value.shape[0] == n:
+        return value[idx]
+    if isinstance(value, list) and len(value) == n:
+        return [value[i] for i in idx.tolist()]
+    if isinstance(value, dict):
+        return {k: _select(v, idx, n) for k, v in value.items()}
+    return value
+
+
 def cat_rollouts(parts: list[Rollout]) -> Rollout:
     """Concatenate rollouts along N; extras that are tensors are concatenated, lists extended."""
     if len(parts) == 1:
         return parts[0]
-    extras = {}
-    for key, first in parts[0].extras.items():
-        values = [p.extras[key] for p in parts]
-        if isinstance(first, Tensor):
-            extras[key] = torch.cat(_pad_dim1(values), dim=0)
-        elif isinstance(first, list):
-            extras[key] = [v for vs in values for v in vs]
-        else:
-            extras[key] = first  # scalars and configs shared by every round
+    extras = {key: _cat_extras([p.extras[key] for p in parts]) for key in parts[0].extras}
     metrics = {k: sum(p.metrics.get(k, 0.0) for p in parts) / len(parts) for k in parts[0].metrics}
     return Rollout(samples=[s for p in parts for s in p.samples],
                    old_logp=torch.cat(_pad_dim1([p.old_logp for p in parts])),
@@ -67,9 +81,7 @@ def cat_rollouts(parts: list[Rollout]) -> Rollout:
 def select_groups(rollout: Rollout, groups: list[int], group_size: int) -> Rollout:
     """The rollout restricted to whole groups `groups` (in that order)."""
     idx = torch.tensor([g * group_size + j for g in groups for j in range(group_size)], dtype=torch.long)
-    extras = {k: (v[idx] if isinstance(v, Tensor) and v.dim() and v.shape[0] == rollout.num_samples
-                  else [v[i] for i in idx.tolist()] if isinstance(v, list) and len(v) == rollout.num_samples
-                  else v) for k, v in rollout.extras.items()}
+    extras = {k: _select(v, idx, rollout.num_samples) for k, v in rollout.extras.items()}
     return Rollout(samples=[rollout.samples[i] for i in idx.tolist()], old_logp=rollout.old_logp[idx],
                    mask=rollout.mask[idx], extras=extras, metrics=rollout.metrics)
 
@@ -96,6 +108,7 @@ def _one_round(run, step: int, round_: int) -> tuple[list[int], list[dict], Roll
         rollout = run.policy.rollout(prompts, g, seeds)
     rollout.check(b_local, g)
     texts, fields = reward_fields(prompts, g)
+    fields.update(rollout.extras.get("reward_fields", {}))  # per-sample values the policy knows (token lengths)
     per_reward, total = run.reward_set(rollout.samples, texts, group_size=g, **fields)  # [N, R], [N]
     global_total = all_gather(acc, total.float()).view(b_global, g)  # [B, G]
     run.sampler.update(global_ids, global_total)

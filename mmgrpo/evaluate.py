@@ -49,6 +49,7 @@ def _rollout_scored(cfg: Config, task, reward_set, records: list[dict[str, Any]]
     rollout = task.policy.rollout(records, group_size,
                                   [prompt_seed(cfg.run.seed, -1, 0, i) for i in range(len(records))])
     texts, fields = reward_fields(records, group_size)
+    fields.update(rollout.extras.get("reward_fields", {}))
     per_reward, total = reward_set(rollout.samples, texts, group_size=group_size, **fields)
     return rollout, per_reward, total
 

@@ -25,7 +25,8 @@ class Rollout:
     mask: Tensor
     """[N, K] bool: which elements are real decisions (padding and untrained steps are False)."""
     extras: dict[str, Any] = field(default_factory=dict)
-    """Pipeline-only payload (token ids, latents, sigmas...), tensors with leading dim N."""
+    """Pipeline-only payload (token ids, latents, sigmas...), tensors with leading dim N. One shared key:
+    `"reward_fields"`, a dict of per-sample lists [N] (token lengths, likelihoods) passed to the rewards."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Rollout-time metrics the pipeline wants logged (e.g. mean completion length)."""
 

@@ -6,3 +6,4 @@ Importing this package must stay light: heavy libraries (diffusers, transformers
 import pipelines.flow  # noqa: F401  registers "flow"
 import pipelines.flow.objectives  # noqa: F401  registers the "guard_clipped" policy loss
 import pipelines.toy  # noqa: F401  registers "toy_count"
+import pipelines.vlm  # noqa: F401  registers "vlm"

@@ -46,6 +46,10 @@ def test_care_ema_update_golden():
     assert care.ema["w"].item() == 0.0
     care.update({"w": torch.tensor([10.0])})  # call 2: ema = 0.9 * 0 + 0.1 * 10 = 1.0
     assert care.ema["w"].item() == pytest.approx(1.0)
+    care.update({"w": torch.tensor([10.0])}, step=7)  # call 3: not a multiple of 2
+    care.update({"w": torch.tensor([10.0])}, step=8)  # call 4: ema = 0.9 * 1 + 0.1 * 10 = 1.9
+    care.update({"w": torch.tensor([10.0])}, step=8)  # a refill round of the same step: ignored
+    assert care.ema["w"].item() == pytest.approx(1.9) and care.calls == 5
     with pytest.raises(ValueError, match="decay"):
         CareLikelihood(decay=1.0)
 
@@ -80,8 +84,9 @@ def test_care_likelihood_reaches_the_grpo_care_reward(tmp_path):
     with torch.no_grad():
         for p in pol.trainable_parameters():
             p.add_(0.1)
+    pol.set_iteration(4)
     ro = pol.rollout(task.train_data[:1], 2, [3])
-    assert len(ro.extras["reward_fields"]["likelihood"]) == 2
+    assert len(ro.extras["reward_fields"]["likelihood"]) == 2 and ro.extras["reward_fields"]["step"] == [4, 4]
     assert all(0.0 <= v <= 1.0 for v in ro.extras["reward_fields"]["likelihood"])
     name = next(iter(pol.care.ema))
     current = dict(pol.module.named_parameters())[name]

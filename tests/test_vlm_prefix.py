@@ -6,8 +6,15 @@ import pytest
 import torch
 from PIL import Image
 
-from pipelines.vlm.prefix import (_block_mask, completion_logp, group_indices, mrope_positions, shared_inputs,
-                                  supports_shared, token_logp)
+from pipelines.vlm.prefix import (
+    _block_mask,
+    completion_logp,
+    group_indices,
+    mrope_positions,
+    shared_inputs,
+    supports_shared,
+    token_logp,
+)
 from pipelines.vlm.tiny import tiny_model_dir
 
 MODELS = ["tiny-random-qwen2-vl", "tiny-random-qwen2.5-vl"]
@@ -97,6 +104,20 @@ def test_block_mask_golden():
                            [1, 1, 0, 0, 1, 0],  # completion 2 sees the prefix and itself, not completion 1
                            [0, 0, 0, 0, 0, 1]], dtype=torch.bool)  # padding sees only itself (no NaN row)
     assert torch.equal(allowed, expect)
+    assert torch.equal(_block_mask(seg, torch.bool)[0, 0], expect)  # the SDPA form
+    assert _block_mask(seg, torch.float32)[0, 0, 0, 1] == torch.finfo(torch.float32).min
+
+
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_shared_equals_plain_for_each_attention(cache, attn):
+    proc, model = _load(cache, MODELS[0])
+    model.set_attn_implementation(attn)
+    enc = _enc(proc, "Is there a red circle?", (40, 40))
+    comps, lengths = torch.randint(0, 256, (3, 6)), torch.tensor([6, 2, 4])
+    run = [completion_logp(model.model, model.lm_head, [enc] * 3, comps, lengths, shared=s, pad_id=0)[0]
+           for s in (False, True)]
+    torch.testing.assert_close(run[1], run[0], rtol=1e-5, atol=1e-5)
+    model.set_attn_implementation("sdpa")
 
 
 def test_group_indices_by_shared_encoding():

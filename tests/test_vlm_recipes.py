@@ -23,8 +23,13 @@ def _letters(samples, prompts=None):
     return [sum(c.isascii() and c.isalpha() for c in s) / max(len(s), 1) for s in samples]
 
 
+def _letters_reward() -> FunctionReward:
+    """Test reward: share of ASCII letters in the completion (text, range [0, 1])."""
+    return FunctionReward(_letters, name="vlm_test_letters", preprocess="counts ASCII letters")
+
+
 if "vlm_test_letters" not in REWARDS:
-    REWARDS.register("vlm_test_letters", lambda: FunctionReward(_letters, name="vlm_test_letters"))
+    REWARDS.register("vlm_test_letters", _letters_reward)
 
 
 @pytest.fixture(scope="module")

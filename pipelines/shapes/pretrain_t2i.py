@@ -321,7 +321,7 @@ def pretrain(
     """Train the model by rectified flow on ground-truth renders of train prompts for `minutes`; save EMA weights.
 
     Loss: flow_matching_loss on x0 = render in [-1, 1]; prompts dropped to "" with prob cond_dropout (for CFG).
-    Checkpoints (EMA) go to checkpoint_dir/latest every checkpoint_minutes; a loss log to out_dir/train_log.json.
+    Checkpoints (EMA) go to checkpoint_dir/step_NNNNNN every checkpoint_minutes; a loss log to out_dir/train_log.json.
     """
     from diffusers import FlowMatchEulerDiscreteScheduler
 
@@ -370,7 +370,7 @@ def pretrain(
         if step % 100 == 0:
             print(f"step {step} loss(100) {np.mean(log[-100:]):.4f} {time.time() - start:.0f}s", flush=True)
         if checkpoint_dir and time.time() - last_ckpt > checkpoint_minutes * 60:
-            _save_ema(model, params, ema, Path(checkpoint_dir) / "latest", log, step, start)
+            _save_ema(model, params, ema, Path(checkpoint_dir) / f"step_{step:06d}", log, step, start)
             last_ckpt = time.time()
     _save_ema(model, params, ema, Path(out_dir), log, step, start)
     return model

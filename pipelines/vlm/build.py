@@ -113,7 +113,8 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
 
     _check(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, logp_chunk_tokens=logp_chunk_tokens,
            model_dtype=model_dtype)
-    common = dict(seed=seed, resolution=resolution, question_types=question_types, skip_bad_images=skip_bad_images)
+    common = {"seed": seed, "resolution": resolution, "question_types": question_types,
+              "skip_bad_images": skip_bad_images}
     train = load_records(data, split="train", size=train_size, field="pipeline.kwargs.data", **common)
     evals = load_records(eval_data or SHAPES_VQA, split="val", size=eval_size, field="pipeline.kwargs.eval_data",
                          **common) if (eval_data or data == SHAPES_VQA) else []

@@ -18,7 +18,7 @@ def answer_token_mask(pieces: list[list[str]], *, tag: str = "answer") -> Tensor
     """
     k = max((len(p) for p in pieces), default=0)
     mask = torch.zeros((len(pieces), k), dtype=torch.bool)
-    pattern = re.compile(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", re.S)
+    pattern = re.compile(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", re.DOTALL)
     for i, toks in enumerate(pieces):
         found = list(pattern.finditer("".join(toks)))
         if not found or not found[-1].group(1).strip():
@@ -62,11 +62,18 @@ class CareLikelihood:
             raise ValueError(f"care_ema_every ({every}) must be >= 1")
         self.decay, self.every, self.tag = decay, every, tag
         self.calls = 0
+        self.last_step: int | None = None
         self.ema: dict[str, Tensor] | None = None
 
     @torch.no_grad()
-    def update(self, named: dict[str, Tensor]) -> None:
-        """Start the EMA from `named` on the first call; then ema = decay * ema + (1 - decay) * w every `every` calls."""
+    def update(self, named: dict[str, Tensor], step: int | None = None) -> None:
+        """Start the EMA from `named` on the first call; then ema = decay * ema + (1 - decay) * w every `every` calls.
+
+        With `step` (the training iteration), calls within one iteration (DAPO refill rounds) count once.
+        """
+        if step is not None and step == self.last_step:
+            return
+        self.last_step = step
         if self.ema is None:
             self.ema = {k: v.detach().clone() for k, v in named.items()}
         elif self.calls % self.every == 0:
@@ -75,10 +82,11 @@ class CareLikelihood:
         self.calls += 1
 
     @torch.no_grad()
-    def likelihood(self, policy: Any, encs: list, completions: Tensor, lengths: Tensor, group_size: int) -> Tensor:
+    def likelihood(self, policy: Any, encs: list, completions: Tensor, lengths: Tensor, group_size: int,
+                   step: int | None = None) -> Tensor:
         """[N] answer likelihoods of the rollout's completions under the EMA weights (swapped in, then restored)."""
         params = {n: p for n, p in policy.module.named_parameters() if p.requires_grad}
-        self.update(params)
+        self.update(params, step)
         backup = {n: p.detach().clone() for n, p in params.items()}
         try:
             for n, p in params.items():

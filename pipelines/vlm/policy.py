@@ -98,10 +98,15 @@ class VLMPolicy:
         if self.reference == "copy":
             self.ref_module = copy.deepcopy(module).requires_grad_(False).eval()
         self.care, self.check_logp = care, check_logp
+        self.iteration: int | None = None
         gen_cfg = unwrap(module.hf).generation_config
         eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else self.tokenizer.eos_token_id
         self.eos_ids = sorted({int(e) for e in (eos if isinstance(eos, list) else [eos])} |
                               {int(self.tokenizer.eos_token_id)})
+
+    def set_iteration(self, step: int) -> None:
+        """Called by the trainer before each step's rollout: the step reaches rewards (Trust-GRPO's annealing)."""
+        self.iteration = int(step)
 
     # ----- prompts
     def encode(self, record: dict[str, Any]) -> dict[str, Any]:
@@ -175,6 +180,8 @@ class VLMPolicy:
                  for c, n in zip(completions, lengths.tolist())]
         extras = {"completion_ids": completions, "lengths": lengths, "prompt_enc": encs,
                   "reward_fields": {"lengths": lengths.tolist()}}
+        if self.iteration is not None:
+            extras["reward_fields"]["step"] = [self.iteration] * len(texts)
         metrics = {"rollout/length_mean": float(lengths.float().mean()),
                    "rollout/truncated_frac": float((lengths == self.s.max_new_tokens).float().mean())}
         if self.check_logp:
@@ -182,7 +189,7 @@ class VLMPolicy:
             extras["gen_logp"] = torch.where(mask, gen, 0.0)
             metrics["rollout/gen_logp_max_abs_diff"] = float((extras["gen_logp"] - old_logp).abs().max())
         if self.care is not None:
-            like = self.care.likelihood(self, encs, completions, lengths, group_size)  # [N]
+            like = self.care.likelihood(self, encs, completions, lengths, group_size, self.iteration)  # [N]
             extras["reward_fields"]["likelihood"] = like.tolist()
             metrics["care/likelihood_mean"] = float(like.mean())
         return Rollout(samples=texts, old_logp=old_logp.float(), mask=mask, extras=extras, metrics=metrics)

@@ -54,15 +54,18 @@ def mrope_positions(lm: nn.Module, enc: dict[str, Any]) -> Tensor:
 
 
 def _block_mask(seg: Tensor, dtype: torch.dtype) -> Tensor:
-    """Additive mask [R, 1, L, L] from segment ids [R, L] (0 prefix, i > 0 completion i, -1 padding).
+    """Mask [R, 1, L, L] from segment ids [R, L] (0 prefix, i > 0 completion i, -1 padding): bool (True = attend)
+    when dtype is torch.bool (SDPA, safe under autocast), else additive (0 or the dtype's min, for eager attention).
 
     allowed(q, k) = k <= q and (seg_k == 0 or seg_k == seg_q), both real; padding attends to itself only (no NaN rows).
     """
-    r, length = seg.shape
+    length = seg.shape[1]
     causal = torch.ones(length, length, dtype=torch.bool, device=seg.device).tril()  # [L, L]
     sq, sk = seg[:, :, None], seg[:, None, :]  # [R, L, 1], [R, 1, L]
     allowed = causal & (sq >= 0) & ((sk == 0) | (sk == sq))  # [R, L, L]
     allowed = allowed | torch.eye(length, dtype=torch.bool, device=seg.device)
+    if dtype == torch.bool:
+        return allowed[:, None]
     zero = torch.zeros((), dtype=dtype, device=seg.device)
     return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]  # [R, 1, L, L]
 
@@ -194,7 +197,8 @@ def completion_logp(lm: nn.Module, head: nn.Module, prompts: list[dict[str, Any]
     if lengths.min() < 1 or lengths.max() > k:
         raise ValueError(f"lengths must be in [1, K={k}], got min {int(lengths.min())} max {int(lengths.max())}")
     if shared:
-        dtype = next(lm.parameters()).dtype
+        sdpa = getattr(lm.config, "_attn_implementation", None) == "sdpa"
+        dtype = torch.bool if sdpa else next(lm.parameters()).dtype
         kwargs, rows, where = shared_inputs(lm, prompts, completions, lengths, pad_id=pad_id, dtype=dtype)
     else:
         kwargs, rows, where = plain_inputs(prompts, completions, lengths, pad_id=pad_id)

@@ -10,6 +10,8 @@ from pathlib import Path
 TINY_MODELS = {"tiny-random-qwen2-vl": "qwen2_vl", "tiny-random-qwen2.5-vl": "qwen2_5_vl"}
 """model names the `vlm` builder creates on the fly (in a cache dir) instead of loading from the Hub"""
 
+TINY_VERSION = 1
+"""bumped whenever the tiny configs change, so a stale cached copy is never reused"""
 SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
             "<|video_pad|>")
 TAGS = ("<think>", "</think>", "<answer>", "</answer>")
@@ -65,18 +67,20 @@ def _config(kind: str, tok):
     from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
 
     ids = {name: tok.convert_tokens_to_ids(name) for name in SPECIALS}
-    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=False,
-                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4},
-                bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"], pad_token_id=ids["<|endoftext|>"])
-    tokens = dict(image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-                  vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
-    common = dict(patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+    text = {"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
+            "tie_word_embeddings": False,
+            # M-RoPE sections (temporal, height, width) must sum to head_dim / 2 = 64 / 4 / 2 = 8
+            "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4},
+            "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"]}
+    tokens = {"image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
+              "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"]}
+    common = {"patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3}
     if kind == "qwen2_vl":
-        vision = dict(depth=2, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, **common)
+        vision = {"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2, **common}
         return Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
-    vision = dict(depth=2, hidden_size=32, intermediate_size=64, out_hidden_size=64, num_heads=2, window_size=56,
-                  fullatt_block_indexes=[1], **common)
+    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "out_hidden_size": 64, "num_heads": 2,
+              "window_size": 56, "fullatt_block_indexes": [1], **common}
     return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
 
 
@@ -125,9 +129,8 @@ def tiny_model_dir(name: str, cache_dir: str | os.PathLike | None = None) -> str
     if name not in TINY_MODELS:
         raise ValueError(f"unknown tiny model {name!r}; choose from {sorted(TINY_MODELS)}")
     root = Path(cache_dir or os.environ.get("MMGRPO_CACHE") or Path.home() / ".cache" / "mmgrpo")
-    out = root / name
-    if not (out / "config.json").is_file() or not (out / "processor_config.json").is_file() and \
-            not (out / "preprocessor_config.json").is_file():
+    out = root / f"{name}-v{TINY_VERSION}"
+    if not ((out / "config.json").is_file() and (out / "processor_config.json").is_file()):
         tmp = root / f".{name}.tmp{os.getpid()}"
         save_tiny_vlm(tmp, TINY_MODELS[name])
         out.parent.mkdir(parents=True, exist_ok=True)

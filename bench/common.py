@@ -1,0 +1,207 @@
+"""The benchmark harness: side-by-side ratios (alternating A and B), the machine's description, results.md sections.
+
+Every figure a bench script reports is a ratio of two things measured in the same run; absolute times stay raw data.
+"""
+
+import datetime as _dt
+import os
+import platform
+import statistics
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+SECTIONS_DIR = BENCH_DIR / "sections"
+PLOTS_DIR = BENCH_DIR / "plots"
+RESULTS = BENCH_DIR / "results.md"
+ORDER = ("flow", "vlm", "video", "scaling")
+"""Sections that come first in results.md, in this order; any other section follows alphabetically."""
+
+
+# ---- measuring
+
+
+def measure_pair(fn_a: Callable[[], Any], fn_b: Callable[[], Any], *, repeats: int = 5, warmup: int = 1,
+                 ratio: str = "a/b", clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+    """Time A and B alternately and summarise the per-pair ratio.
+
+    Pairs run A,B then B,A then A,B ... so slow drift of the machine (other jobs, thermal) hits both sides equally.
+    Warm-up pairs run first (same alternation) and are not counted.
+    Formula: ratio_i = t_a[i] / t_b[i] ("a/b": how many times faster B is) or t_b[i] / t_a[i] ("b/a").
+    Args:
+        fn_a, fn_b: zero-argument callables; their return values are kept in "out_a" / "out_b".
+        repeats: counted pairs (>= 1). warmup: uncounted pairs first (>= 0).
+        ratio: "a/b" or "b/a".
+        clock: seconds counter (injectable for tests).
+    Returns:
+        dict with median, min, max (of the ratios), ratios [repeats], times_a, times_b [repeats], order (the
+        sequence of "a"/"b" calls, warm-up included), out_a, out_b [repeats], repeats, warmup, ratio.
+    """
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"repeats={repeats} must be >= 1 and warmup={warmup} >= 0; e.g. repeats=5, warmup=1")
+    if ratio not in ("a/b", "b/a"):
+        raise ValueError(f"ratio={ratio!r} must be 'a/b' (B's speed-up over A) or 'b/a'")
+    fns = {"a": fn_a, "b": fn_b}
+    order: list[str] = []
+    times: dict[str, list[float]] = {"a": [], "b": []}
+    outs: dict[str, list[Any]] = {"a": [], "b": []}
+    for i in range(warmup + repeats):
+        for side in ("a", "b") if i % 2 == 0 else ("b", "a"):
+            t0 = clock()
+            out = fns[side]()
+            dt = clock() - t0
+            order.append(side)
+            if i >= warmup:
+                times[side].append(dt)
+                outs[side].append(out)
+    num, den = (times["a"], times["b"]) if ratio == "a/b" else (times["b"], times["a"])
+    ratios = [n / d if d > 0 else float("inf") for n, d in zip(num, den)]
+    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "ratios": ratios,
+            "times_a": times["a"], "times_b": times["b"], "order": order, "out_a": outs["a"], "out_b": outs["b"],
+            "repeats": repeats, "warmup": warmup, "ratio": ratio}
+
+
+def summarise(values: list[float]) -> dict[str, float]:
+    """median, min and max of a non-empty list (for ratios measured some other way than measure_pair)."""
+    if not values:
+        raise ValueError("summarise needs at least one value")
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def fmt_ratio(r: dict[str, Any], digits: int = 2) -> str:
+    """"2.31x (min 2.10, max 2.52, n=5)" from a measure_pair / summarise result."""
+    n = r.get("n", r.get("repeats", len(r.get("ratios", []))))
+    f = f"{{:.{digits}f}}"
+    return f"{f.format(r['median'])}x (min {f.format(r['min'])}, max {f.format(r['max'])}, n={n})"
+
+
+def md_table(header: list[str], rows: list[list[Any]]) -> str:
+    """A GitHub markdown table."""
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# ---- the machine
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    """One line: CPU model, cores usable/total, load average, torch version and threads, GPU if any, Python."""
+    import torch
+
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = "/".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return (f"{cpu_model()}, {usable}/{os.cpu_count()} cores usable, load average {load} (1/5/15 min), "
+            f"torch {torch.__version__} with {torch.get_num_threads()} thread(s), {gpu}, "
+            f"Python {platform.python_version()}")
+
+
+def matmul_gflops(n: int = 512, repeats: int = 5) -> float:
+    """This process's measured fp32 matrix-multiply rate (GFLOP/s, best of `repeats`), for achieved-fraction figures."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                             timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + (" (with uncommitted changes)" if dirty else "") if out.returncode == 0 else "?"
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def now_utc() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+# ---- results.md
+
+
+def write_section(name: str, markdown: str, *, sections_dir: Path | None = None) -> Path:
+    """Store one script's section (markdown, starting with its own `## ` title) for results.md; returns its path."""
+    if not name or "/" in name or name.startswith("."):
+        raise ValueError(f"section name {name!r} must be a plain file stem such as 'flow'")
+    d = Path(sections_dir) if sections_dir is not None else SECTIONS_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{name}.md"
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(markdown.rstrip() + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def section_order(names: list[str], order: tuple[str, ...] = ORDER) -> list[str]:
+    """Known sections in `order`, then the others alphabetically."""
+    known = [n for n in order if n in names]
+    return known + sorted(n for n in names if n not in order)
+
+
+def assemble_results(*, header: str, sections_dir: Path | None = None, out: Path | None = None,
+                     order: tuple[str, ...] = ORDER) -> str:
+    """results.md = header + every stored section in a stable order; written to `out` (default bench/results.md)."""
+    d = Path(sections_dir) if sections_dir is not None else SECTIONS_DIR
+    names = [p.stem for p in d.glob("*.md")] if d.is_dir() else []
+    parts = [header.rstrip()] + [(d / f"{n}.md").read_text().rstrip() for n in section_order(names, order)]
+    text = "\n\n".join(parts) + "\n"
+    target = Path(out) if out is not None else RESULTS
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text)
+    return text
+
+
+def results_header(machine_line: str, when: str, commit: str) -> str:
+    return (f"# Benchmark results\n\nGenerated by `make bench` (`python bench/run_all.py`) on {when}, commit {commit}.\n"
+            f"Machine: {machine_line}.\n\n"
+            "Every figure is a ratio of two variants measured side by side in the same run (alternating A and B, "
+            "the median over repeats quoted, min and max shown). Absolute seconds depend on this machine and on "
+            "what else runs on it, so they are given only as raw data. Re-run on your machine with `make bench`.")
+
+
+# ---- plots
+
+
+def save_plot(fig: Any, name: str) -> Path:
+    """Save a matplotlib figure as bench/plots/<name>.png (and close it); returns the path."""
+    import matplotlib.pyplot as plt
+
+    PLOTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = PLOTS_DIR / f"{name}.png"
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
