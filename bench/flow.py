@@ -125,14 +125,20 @@ class Arm:
         from mmgrpo.trainer import compute_advantages, update
 
         run = self.run
+        self.counter.take()  # drop rows counted by evaluations since the last iteration
+        t0 = time.perf_counter()
         run.policy.set_iteration(self.step)
         batch = collect(run, self.step)
+        t1 = time.perf_counter()
         adv, use, _ = compute_advantages(run, batch, progress=0.0)
         update(run, batch, adv, use, self.step)
         run.scheduler.step()
+        t2 = time.perf_counter()
         self.step += 1
         self.train_rewards.append(float(batch.total.mean()))
-        return {"reward": self.train_rewards[-1]}
+        rows = self.counter.take()
+        return {"reward": self.train_rewards[-1], "rollout_s": t1 - t0, "update_s": t2 - t1,
+                "rollout_rows": rows[0], "train_rows": rows[1], "trained": int(batch.rollout.mask.sum())}
 
 
 @torch.no_grad()
@@ -170,3 +176,93 @@ def forward_flops(run: Any) -> float:
     with torch.no_grad(), FlopCounterMode(display=False) as fc:
         pol.model.velocity(pol.transformer, x, torch.tensor([0.5]), cond)
     return float(fc.get_total_flops())
+
+
+def register_brightness() -> str:
+    """A bench-only reward, mean pixel brightness in [0, 1]: cheap and quick to move on a random tiny model."""
+    from rewards.api import REWARDS, FunctionReward
+
+    name = "bench_brightness"
+    if name not in REWARDS.names():
+        REWARDS.register(name, input="image", range="[0, 1]", paper="bench-only")(
+            lambda: FunctionReward(lambda samples, prompts: [float(s.float().mean()) for s in samples], name=name,
+                                   input="image", preprocess="mean of float [3, H, W] pixels in [0, 1]"))
+    return name
+
+
+def quiet() -> None:
+    """Silence diffusers/transformers progress bars and prompt-truncation notices in the bench output."""
+    import diffusers
+    import transformers
+
+    for lib in (diffusers, transformers):
+        lib.utils.logging.set_verbosity_error()
+        lib.utils.logging.disable_progress_bar()
+
+
+def slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope of y on x."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var > 0 else 0.0
+
+
+def median(xs: list[float]) -> float:
+    return summarise(xs)["median"]
+
+
+# ---- (a) tree vs independent rollouts at equal leaves and steps
+
+
+def bench_tree(model: str, setting: dict, tmp: Path, *, repeats: int, evaluate) -> dict:
+    """Alternate training iterations of independent groups and BranchGRPO trees (plain, and with depth pruning)."""
+    plans_ = {"independent": ("independent", {"train": "all"}),
+              "tree": ("tree", {"fanout": 2}),
+              "tree, depth-pruned": ("tree", {"fanout": 2, "prune_depths": setting["prune_depths"]})}
+    arms = {n: Arm(n, make_run(tmp / f"a_{i}", model, plan=p, plan_kwargs=k, setting=setting, seed=0))
+            for i, (n, (p, k)) in enumerate(plans_.items())}
+    ind = arms["independent"]
+    ev = {n: [evaluate(a.run)] for n, a in arms.items()}
+    out = {"arms": arms, "pairs": {}, "gain_per_iter": {}}
+    for n in ("tree", "tree, depth-pruned"):
+        e0, s0 = evaluate(ind.run), ind.step
+        pair = measure_pair(ind.iterate, arms[n].iterate, repeats=repeats, warmup=1, ratio="a/b")
+        out["pairs"][n] = pair
+        iters = ind.step - s0
+        out["gain_per_iter"][(n, "independent")] = (evaluate(ind.run) - e0) / iters
+        out["gain_per_iter"][(n, n)] = (evaluate(arms[n].run) - ev[n][0]) / iters
+    out["plan"] = {n: a.run.policy.last_plan for n, a in arms.items()}
+    return out
+
+
+# ---- (b) window (MixGRPO) and few-step (Flow-GRPO-Fast) vs all-step training on a fixed wall-clock budget
+
+
+def bench_window(model: str, setting: dict, tmp: Path, *, budget: float, seeds: list[int], evaluate) -> dict:
+    """Per seed, run the arms interleaved (always the one with the least time spent) until each used `budget`
+    seconds of training; evaluate at a few points; the gain per second is the slope of reward on training time."""
+    plans_ = {"all steps": ("independent", {"train": "all"}),
+              "window (MixGRPO)": ("independent", {"train": "window", "window_size": setting["window"],
+                                                   "window_every": setting["window_every"]}),
+              "fast (Flow-GRPO-Fast)": ("fast", {"sde_steps": 2})}
+    runs = []
+    for seed in seeds:
+        arms = {n: Arm(n, make_run(tmp / f"b{seed}_{i}", model, plan=p, plan_kwargs=k, setting=setting, seed=seed))
+                for i, (n, (p, k)) in enumerate(plans_.items())}
+        curves = {n: [(0.0, evaluate(a.run))] for n, a in arms.items()}
+        spent = {n: 0.0 for n in arms}
+        iter_s: dict[str, list[float]] = {n: [] for n in arms}
+        marks = {n: budget / 4 for n in arms}
+        while min(spent.values()) < budget:
+            n = min(spent, key=spent.get)
+            t0 = time.perf_counter()
+            arms[n].iterate()
+            dt = time.perf_counter() - t0
+            spent[n] += dt
+            iter_s[n].append(dt)
+            if spent[n] >= marks[n]:
+                curves[n].append((spent[n], evaluate(arms[n].run)))
+                marks[n] += budget / 4
+        runs.append({"curves": curves, "iter_s": iter_s, "slopes": {n: slope(c) for n, c in curves.items()}})
+    return {"runs": runs, "arms": list(plans_)}

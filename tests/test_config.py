@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import mmgrpo.validate as validate_mod
+
 from mmgrpo.config import Config, OptimConfig, RewardSpec, field_docs, load_config, parse_overrides
 from mmgrpo.errors import UserError
 from mmgrpo.validate import validate
@@ -69,7 +71,8 @@ def test_nested_and_list_item_overrides():
     assert cfg.run.output_dir == "out/a"
 
 
-def test_overrides_are_yaml_typed():
+def test_overrides_are_yaml_typed(monkeypatch):
+    monkeypatch.setattr(validate_mod, "_importable", lambda module: True)  # tensorboard need not be installed here
     cfg = load_config(TOY, ["optim.betas=[0.9, 0.95]", "algo.norm_len=null", "run.progress=false",
                             "sample.filter_zero_std=true", "run.trackers=[tensorboard]", "run.seed=7",
                             "algo.loss_kwargs={clip_low: 0.2, clip_high: 0.28, dual_clip: 3.0}"])
@@ -151,7 +154,8 @@ def test_sections_cover_config():
                                                  "OptimConfig", "RewardSpec"}
 
 
-def test_save_round_trip(tmp_path):
+def test_save_round_trip(tmp_path, monkeypatch):
+    monkeypatch.setattr(validate_mod, "_importable", lambda module: True)
     cfg = load_config(TOY, [f"run.output_dir={tmp_path / 'out'}", "run.trackers=[tensorboard]",
                             "algo.norm_len=12", "algo.kl_coef=0.05", "optim.betas=[0.8, 0.9]",
                             "rewards=[{name: toy_count, weight: 0.5, kwargs: {max_len: 8}}, "
