@@ -3,47 +3,19 @@
 Each builder writes a directory (or file) that the matching reward loads through its normal loading code.
 """
 
-import gzip
-import importlib.util
-import json
 import os
 from pathlib import Path
 
 import torch
 
+from mmgrpo.offline import write_clip_bpe
+
 TINY_OPEN_CLIP = "mmgrpo-tiny-clip"
 
 
-def _bytes_to_unicode() -> list[str]:
-    """GPT-2/CLIP byte -> printable unicode table (the 256 base symbols of byte-level BPE)."""
-    bs = (
-        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    )
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for _, c in sorted(zip(bs, cs))]
-
-
 def write_clip_tokenizer(out_dir: str | os.PathLike, n_merges: int = 200) -> int:
-    """Write the real CLIP BPE (open_clip's bundled vocab, first `n_merges` merges) as vocab.json + merges.txt.
-
-    Returns the vocabulary size (512 byte symbols + merges + 2 specials; bos = V-2, eos = V-1).
-    """
-    spec = importlib.util.find_spec("open_clip")
-    bpe = Path(spec.submodule_search_locations[0]) / "bpe_simple_vocab_16e6.txt.gz"
-    lines = gzip.open(bpe).read().decode("utf-8").split("\n")[1 : 1 + n_merges]
-    merges = [tuple(m.split()) for m in lines]
-    base = _bytes_to_unicode()
-    tokens = base + [b + "</w>" for b in base] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
-    (out / "merges.txt").write_text("#version: 0.2\n" + "\n".join(" ".join(m) for m in merges) + "\n")
-    return len(tokens)
+    """The real CLIP BPE as vocab.json + merges.txt (see mmgrpo.offline.write_clip_bpe); returns the vocab size."""
+    return write_clip_bpe(out_dir, n_merges)
 
 
 def clip_tokenizer(out_dir: str | os.PathLike, n_merges: int = 200):

@@ -3,29 +3,16 @@
 Same classes as the real checkpoints, a few thousand parameters each; tokenizers are built offline (no hub).
 """
 
-import gzip
-import importlib.util
-import json
 import os
 import shutil
 from pathlib import Path
 
 import torch
 
+from mmgrpo.offline import write_clip_bpe
+
 MODEL_TYPES = ("sd3", "flux", "wan")
 _T5_CHARS = " abcdefghijklmnopqrstuvwxyz0123456789.,'\"!?-:;()"
-
-
-def _bytes_to_unicode() -> list[str]:
-    """The GPT-2/CLIP byte -> printable-unicode table (the 256 base symbols of byte-level BPE)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return [chr(c) for _, c in sorted(zip(bs, cs))]
 
 
 def clip_tokenizer(path: Path, n_merges: int = 0):
@@ -35,18 +22,8 @@ def clip_tokenizer(path: Path, n_merges: int = 0):
     """
     from transformers import CLIPTokenizer
 
-    spec = importlib.util.find_spec("open_clip")
-    merges = []
-    if n_merges and spec is not None:
-        bpe = Path(spec.submodule_search_locations[0]) / "bpe_simple_vocab_16e6.txt.gz"
-        with gzip.open(bpe) as f:
-            merges = [tuple(m.split()) for m in f.read().decode("utf-8").split("\n")[1: 1 + n_merges]]
-    base = _bytes_to_unicode()
-    tokens = base + [b + "</w>" for b in base] + ["".join(m) for m in merges] + ["<|startoftext|>", "<|endoftext|>"]
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}))
-    (path / "merges.txt").write_text("#version: 0.2\n" + "".join(" ".join(m) + "\n" for m in merges))
-    return CLIPTokenizer(str(path / "vocab.json"), str(path / "merges.txt"), model_max_length=77)
+    write_clip_bpe(path, n_merges)
+    return CLIPTokenizer(str(Path(path) / "vocab.json"), str(Path(path) / "merges.txt"), model_max_length=77)
 
 
 def t5_tokenizer():
@@ -58,77 +35,164 @@ def t5_tokenizer():
     tok = Tokenizer(models.Unigram(vocab, unk_id=2))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>",
-                                   model_max_length=512)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", eos_token="</s>", unk_token="<unk>", model_max_length=512
+    )
 
 
 def _clip_text(v: int, projection: bool):
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
-    cfg = CLIPTextConfig(vocab_size=v, hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=2,
-                         max_position_embeddings=77, projection_dim=32, bos_token_id=v - 2, eos_token_id=v - 1,
-                         pad_token_id=v - 1, hidden_act="gelu")
+    cfg = CLIPTextConfig(
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        max_position_embeddings=77,
+        projection_dim=32,
+        bos_token_id=v - 2,
+        eos_token_id=v - 1,
+        pad_token_id=v - 1,
+        hidden_act="gelu",
+    )
     return (CLIPTextModelWithProjection if projection else CLIPTextModel)(cfg)
 
 
 def _t5(umt5: bool = False):
     from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
 
-    kw = {"vocab_size": 64, "d_model": 32, "d_kv": 8, "d_ff": 37, "num_layers": 2, "num_heads": 4, "relative_attention_num_buckets": 8}
+    kw = {
+        "vocab_size": 64,
+        "d_model": 32,
+        "d_kv": 8,
+        "d_ff": 37,
+        "num_layers": 2,
+        "num_heads": 4,
+        "relative_attention_num_buckets": 8,
+    }
     return UMT5EncoderModel(UMT5Config(**kw)) if umt5 else T5EncoderModel(T5Config(**kw))
 
 
 def _vae():
     from diffusers import AutoencoderKL
 
-    return AutoencoderKL(block_out_channels=[8, 16], in_channels=3, out_channels=3, latent_channels=4,
-                         down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2,
-                         norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.0609,
-                         scaling_factor=1.5035)
+    return AutoencoderKL(
+        block_out_channels=[8, 16],
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        down_block_types=["DownEncoderBlock2D"] * 2,
+        up_block_types=["UpDecoderBlock2D"] * 2,
+        norm_num_groups=4,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        shift_factor=0.0609,
+        scaling_factor=1.5035,
+    )
 
 
 def _sd3(tmp: Path):
     from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
 
-    transformer = SD3Transformer2DModel(sample_size=32, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
-                                        num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32,
-                                        pooled_projection_dim=64, out_channels=4, pos_embed_max_size=64)
+    transformer = SD3Transformer2DModel(
+        sample_size=32,
+        patch_size=2,
+        in_channels=4,
+        num_layers=2,
+        attention_head_dim=8,
+        num_attention_heads=4,
+        caption_projection_dim=32,
+        joint_attention_dim=32,
+        pooled_projection_dim=64,
+        out_channels=4,
+        pos_embed_max_size=64,
+    )
     tok = clip_tokenizer(tmp / "clip")
     v = len(tok)
-    return StableDiffusion3Pipeline(transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-                                    vae=_vae(), text_encoder=_clip_text(v, True), tokenizer=tok,
-                                    text_encoder_2=_clip_text(v, True), tokenizer_2=tok, text_encoder_3=_t5(),
-                                    tokenizer_3=t5_tokenizer())
+    return StableDiffusion3Pipeline(
+        transformer=transformer,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=_vae(),
+        text_encoder=_clip_text(v, True),
+        tokenizer=tok,
+        text_encoder_2=_clip_text(v, True),
+        tokenizer_2=tok,
+        text_encoder_3=_t5(),
+        tokenizer_3=t5_tokenizer(),
+    )
 
 
 def _flux(tmp: Path):
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
-    transformer = FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
-                                         attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
-                                         pooled_projection_dim=32, axes_dims_rope=[4, 4, 8], guidance_embeds=True)
-    vae = AutoencoderKL(block_out_channels=[8, 16], in_channels=3, out_channels=3, latent_channels=4,
-                        down_block_types=["DownEncoderBlock2D"] * 2, up_block_types=["UpDecoderBlock2D"] * 2,
-                        norm_num_groups=4, use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.1159,
-                        scaling_factor=0.3611)
-    sched = FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
-                                            base_image_seq_len=256, max_image_seq_len=4096)
+    transformer = FluxTransformer2DModel(
+        patch_size=1,
+        in_channels=16,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        pooled_projection_dim=32,
+        axes_dims_rope=[4, 4, 8],
+        guidance_embeds=True,
+    )
+    vae = AutoencoderKL(
+        block_out_channels=[8, 16],
+        in_channels=3,
+        out_channels=3,
+        latent_channels=4,
+        down_block_types=["DownEncoderBlock2D"] * 2,
+        up_block_types=["UpDecoderBlock2D"] * 2,
+        norm_num_groups=4,
+        use_quant_conv=False,
+        use_post_quant_conv=False,
+        shift_factor=0.1159,
+        scaling_factor=0.3611,
+    )
+    sched = FlowMatchEulerDiscreteScheduler(
+        use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096
+    )
     tok = clip_tokenizer(tmp / "clip")
-    return FluxPipeline(transformer=transformer, scheduler=sched, vae=vae, text_encoder=_clip_text(len(tok), False),
-                        tokenizer=tok, text_encoder_2=_t5(), tokenizer_2=t5_tokenizer())
+    return FluxPipeline(
+        transformer=transformer,
+        scheduler=sched,
+        vae=vae,
+        text_encoder=_clip_text(len(tok), False),
+        tokenizer=tok,
+        text_encoder_2=_t5(),
+        tokenizer_2=t5_tokenizer(),
+    )
 
 
 def _wan(tmp: Path):
     from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
 
-    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
-                                        in_channels=16, out_channels=16, text_dim=32, freq_dim=256, ffn_dim=32,
-                                        num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-                                        rope_max_seq_len=32)
-    vae = AutoencoderKLWan(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-                           temperal_downsample=[False, True, True])
-    return WanPipeline(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-                       text_encoder=_t5(umt5=True), tokenizer=t5_tokenizer())
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=16,
+        out_channels=16,
+        text_dim=32,
+        freq_dim=256,
+        ffn_dim=32,
+        num_layers=2,
+        cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads",
+        rope_max_seq_len=32,
+    )
+    vae = AutoencoderKLWan(
+        base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+    )
+    return WanPipeline(
+        transformer=transformer,
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        text_encoder=_t5(umt5=True),
+        tokenizer=t5_tokenizer(),
+    )
 
 
 def save_tiny(model_type: str, path: str | os.PathLike, *, seed: int = 0) -> str:
