@@ -1,0 +1,206 @@
+"""Tests of the benchmark harness (bench/common.py, bench/run_all.py) and the flow bench's small formulas.
+
+Fake clocks and fake timings only: no test measures or asserts real time.
+"""
+
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from bench import common, run_all
+
+
+class FakeClock:
+    """A clock that only moves when a fake workload says how long it took."""
+
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def workload(clock: FakeClock, durations: list[float], log: list[str], side: str):
+    it = iter(durations)
+
+    def fn():
+        log.append(side)
+        clock.t += next(it)
+        return f"{side}{len(log)}"
+
+    return fn
+
+
+# ---- measure_pair
+
+
+def test_measure_pair_alternates_ab_then_ba():
+    clock, log = FakeClock(), []
+    r = common.measure_pair(workload(clock, [1.0] * 4, log, "a"), workload(clock, [1.0] * 4, log, "b"),
+                            repeats=3, warmup=1, clock=clock)
+    # pair 0 (warm-up) A,B; pair 1 B,A; pair 2 A,B; pair 3 B,A
+    assert log == ["a", "b", "b", "a", "a", "b", "b", "a"]
+    assert r["order"] == log
+    assert len(r["times_a"]) == len(r["times_b"]) == 3
+
+
+def test_measure_pair_ratio_median_min_max_skip_warmup():
+    clock, log = FakeClock(), []
+    # A always takes 2 s; B takes 50 s in the warm-up (must be ignored), then 1, 0.5, 4 s
+    r = common.measure_pair(workload(clock, [2.0] * 4, log, "a"), workload(clock, [50.0, 1.0, 0.5, 4.0], log, "b"),
+                            repeats=3, warmup=1, clock=clock)
+    # a/b per pair: 2/1 = 2, 2/0.5 = 4, 2/4 = 0.5 -> median 2, min 0.5, max 4
+    assert r["ratios"] == pytest.approx([2.0, 4.0, 0.5])
+    assert (r["median"], r["min"], r["max"]) == pytest.approx((2.0, 0.5, 4.0))
+    assert r["times_a"] == pytest.approx([2.0, 2.0, 2.0])
+    assert r["times_b"] == pytest.approx([1.0, 0.5, 4.0])
+
+
+def test_measure_pair_b_over_a_and_even_repeats():
+    clock, log = FakeClock(), []
+    r = common.measure_pair(workload(clock, [1.0, 2.0, 4.0, 8.0], log, "a"),
+                            workload(clock, [3.0, 3.0, 3.0, 3.0], log, "b"), repeats=4, warmup=0, ratio="b/a",
+                            clock=clock)
+    # b/a: 3/1, 3/2, 3/4, 3/8 = 3, 1.5, 0.75, 0.375; median of four = (1.5 + 0.75) / 2 = 1.125
+    assert r["ratios"] == pytest.approx([3.0, 1.5, 0.75, 0.375])
+    assert r["median"] == pytest.approx(1.125)
+    assert r["median"] == pytest.approx(statistics.median([3.0, 1.5, 0.75, 0.375]))
+
+
+def test_measure_pair_keeps_outputs_of_counted_calls():
+    clock, log = FakeClock(), []
+    r = common.measure_pair(workload(clock, [1.0] * 3, log, "a"), workload(clock, [1.0] * 3, log, "b"),
+                            repeats=2, warmup=1, clock=clock)
+    # calls: a1 b2 | b3 a4 | a5 b6 -> counted outputs a4, a5 and b3, b6
+    assert r["out_a"] == ["a4", "a5"]
+    assert r["out_b"] == ["b3", "b6"]
+
+
+@pytest.mark.parametrize("kw", [{"repeats": 0}, {"warmup": -1}, {"ratio": "a-b"}])
+def test_measure_pair_rejects_bad_arguments(kw):
+    with pytest.raises(ValueError):
+        common.measure_pair(lambda: None, lambda: None, **kw)
+
+
+def test_fmt_ratio_and_summarise():
+    s = common.summarise([3.0, 1.0, 2.0])
+    assert s == {"median": 2.0, "min": 1.0, "max": 3.0, "n": 3}
+    assert common.fmt_ratio(s) == "2.00x (min 1.00, max 3.00, n=3)"
+    with pytest.raises(ValueError):
+        common.summarise([])
+
+
+def test_md_table():
+    assert common.md_table(["a", "b"], [[1, 2]]) == "| a | b |\n|---|---|\n| 1 | 2 |"
+
+
+# ---- results.md assembly
+
+
+def test_results_md_assembled_in_stable_order(tmp_path):
+    d = tmp_path / "sections"
+    for name in ("zeta", "vlm", "alpha", "flow"):
+        common.write_section(name, f"## {name}\n\nbody of {name}\n", sections_dir=d)
+    out = tmp_path / "results.md"
+    text = common.assemble_results(header="# Header", sections_dir=d, out=out)
+    assert out.read_text() == text
+    assert text.startswith("# Header\n\n## flow")
+    # known sections in ORDER (flow, vlm), then the others alphabetically
+    pos = [text.index(f"## {n}") for n in ("flow", "vlm", "alpha", "zeta")]
+    assert pos == sorted(pos)
+    assert "body of zeta\n" in text
+
+
+def test_write_section_replaces_previous_version(tmp_path):
+    common.write_section("flow", "## flow\n\nold", sections_dir=tmp_path)
+    common.write_section("flow", "## flow\n\nnew", sections_dir=tmp_path)
+    text = common.assemble_results(header="# H", sections_dir=tmp_path, out=tmp_path / "r.md")
+    assert "new" in text and "old" not in text
+    assert [p.name for p in tmp_path.glob("*.md*") if p.name != "r.md"] == ["flow.md"]
+
+
+@pytest.mark.parametrize("bad", ["", "a/b", ".hidden"])
+def test_write_section_rejects_bad_names(tmp_path, bad):
+    with pytest.raises(ValueError):
+        common.write_section(bad, "x", sections_dir=tmp_path)
+
+
+def test_results_header_names_machine_and_ratio_rule():
+    h = common.results_header("CPU X, 2/2 cores", "2026-01-01 00:00 UTC", "abc123")
+    assert "CPU X, 2/2 cores" in h and "2026-01-01 00:00 UTC" in h and "abc123" in h
+    assert "ratio" in h
+
+
+def test_machine_line_describes_cpu_and_torch():
+    import torch
+
+    line = common.machine()
+    assert common.cpu_model() in line
+    assert torch.__version__ in line and "thread" in line
+
+
+# ---- run_all
+
+
+def test_discover_skips_harness_and_private_files(tmp_path):
+    for n in ("common", "run_all", "_helper", "flow", "vlm"):
+        (tmp_path / f"{n}.py").write_text("")
+    (tmp_path / "notes.md").write_text("")
+    assert run_all.discover(tmp_path) == ["flow", "vlm"]
+
+
+def test_failure_section_keeps_the_last_lines():
+    text = run_all.failure_section("flow", "timed out after 5 s", "\n".join(f"line {i}" for i in range(40)))
+    assert text.startswith("## flow: no result")
+    assert "timed out after 5 s" in text and "line 39" in text and "line 24" not in text
+
+
+def test_run_one_reports_a_failing_script(tmp_path, monkeypatch):
+    (tmp_path / "broken.py").write_text("import sys\nprint('about to fail')\nsys.exit(3)\n")
+    monkeypatch.setattr(run_all, "BENCH_DIR", tmp_path)
+    monkeypatch.setattr(common, "SECTIONS_DIR", tmp_path / "sections")
+    ok, _ = run_all.run_one("broken", timeout=60, nice=0)
+    assert not ok
+    text = (tmp_path / "sections" / "broken.md").read_text()
+    assert "exited with code 3" in text and "about to fail" in text
+
+
+def test_run_all_rejects_unknown_names(capsys):
+    assert run_all.main(["--only", "no_such_bench"]) == 2
+    assert "no_such_bench" in capsys.readouterr().err
+
+
+# ---- fitted slopes and the flow bench's transition count
+
+
+def test_fit_slope_is_least_squares():
+    slope = common.fit_slope
+    # y = 2x + 1 exactly -> 2; points (0,0), (1,1), (2,0): mean x 1, mean y 1/3, cov 0 -> 0
+    assert slope([(0, 1), (1, 3), (2, 5)]) == pytest.approx(2.0)
+    assert slope([(0, 0), (1, 1), (2, 0)]) == pytest.approx(0.0)
+    # (0,0), (1,1), (3,2): mean x 4/3, mean y 1; cov = (-4/3)(-1) + (-1/3)(0) + (5/3)(1) = 3;
+    # var = 16/9 + 1/9 + 25/9 = 42/9 -> slope 27/42 = 9/14
+    assert slope([(0, 0), (1, 1), (3, 2)]) == pytest.approx(9 / 14)
+    assert slope([(1, 0), (1, 5)]) == 0.0
+    with pytest.raises(ValueError):
+        slope([])
+
+
+def test_unique_transitions_of_a_binary_tree():
+    from bench.flow import unique_transitions
+    from pipelines.flow.plan import RolloutPlan, count_nfe
+
+    plan = RolloutPlan(("flow_grpo",) * 16, roots=1, branches={0: 2, 4: 2, 8: 2, 12: 2})
+    # nodes after each split: steps 0-3 -> 2, 4-7 -> 4, 8-11 -> 8, 12-15 -> 16: 4 * (2 + 4 + 8 + 16) = 120 per prompt
+    assert unique_transitions(plan, list(range(16)), prompts=1) == 120
+    assert unique_transitions(plan, list(range(16)), prompts=3) == 360
+    # steps 0-7 only: 4 * (2 + 4) = 24
+    assert unique_transitions(plan, list(range(8)), prompts=1) == 24
+    # model calls are counted before each split: 1 + 3*2 + 2 + 3*4 + 4 + 3*8 + 8 + 3*16 = 105
+    assert count_nfe(plan, 1) == 105
