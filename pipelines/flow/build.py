@@ -83,6 +83,10 @@ def load_pipeline(model: str, torch_dtype: torch.dtype):
 
                 shutil.rmtree(tmp, ignore_errors=True)
         model = str(cache)
+    from pipelines.flow.shapes_model import ShapesT2IPipeline, is_shapes_dir
+
+    if is_shapes_dir(model):  # ShapesWorld's pixel-space model: no VAE, components loaded one by one
+        return ShapesT2IPipeline.from_pretrained(model, dtype=torch_dtype)
     looks_local = model.startswith((".", "/", "~")) or os.sep in model.strip("/").split("/", 1)[-1]
     if looks_local and not Path(model).expanduser().is_dir():
         raise UserError(f"pipeline.kwargs.model ({model!r}) is not a directory; pass an existing local pipeline "
@@ -128,7 +132,7 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
     """GRPO on a diffusers flow model (SD3/SD3.5, FLUX.1, Wan 2.1): SDE rollouts, exact log-probs, LoRA or full FT."""
     from pipelines.flow import plan as plans
     from pipelines.flow import sde as sde_mod
-    from pipelines.flow.models import ADAPTERS, MODEL_TYPES, model_type_of, num_params
+    from pipelines.flow.models import MODEL_TYPES, adapter_for, model_type_of, num_params
     from pipelines.flow.policy import FlowPolicy
 
     if sde not in sde_mod.STEPS or sde in ("ode", "ddim"):
@@ -163,7 +167,7 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
     if gradient_checkpointing:
         transformer.enable_gradient_checkpointing()
     h, w = (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
-    adapter = ADAPTERS[model_type](pipe, height=h, width=w, num_frames=num_frames, guidance_scale=guidance_scale,
+    adapter = adapter_for(model_type)(pipe, height=h, width=w, num_frames=num_frames, guidance_scale=guidance_scale,
                                    negative_prompt=negative_prompt, max_sequence_length=max_sequence_length,
                                    device=device, dtype=weights_dtype)
     adapter.latent_shape()  # resolution / frame-count errors before any rollout

@@ -10,8 +10,9 @@ from torch import Tensor
 
 from pipelines.flow import sde
 
-MODEL_TYPES = ("sd3", "flux", "wan")
-_CLASS_TO_TYPE = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "WanPipeline": "wan"}
+MODEL_TYPES = ("sd3", "flux", "wan", "shapes")
+_CLASS_TO_TYPE = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "WanPipeline": "wan",
+                  "ShapesT2IPipeline": "shapes"}
 
 
 def model_type_of(pipe_class_name: str) -> str | None:
@@ -203,6 +204,15 @@ def transformer_config(module: torch.nn.Module) -> dict:
 
 ADAPTERS = {"sd3": SD3Model, "flux": FluxModel, "wan": WanModel}
 
+
+def adapter_for(model_type: str):
+    """The FlowModel class of a model type (the pixel-space ShapesWorld model lives in its own module)."""
+    if model_type == "shapes":
+        from pipelines.flow.shapes_model import ShapesModel
+
+        return ShapesModel
+    return ADAPTERS[model_type]
+
 LORA_TARGETS = {
     # Flow-GRPO's SD3 targets: joint attention projections of both streams
     "sd3": ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
@@ -210,6 +220,7 @@ LORA_TARGETS = {
     "flux": ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"],
     "wan": ["to_q", "to_k", "to_v", "to_out.0"],
 }
+LORA_TARGETS["shapes"] = LORA_TARGETS["sd3"]  # the same SD3 transformer class
 
 
 def num_params(module: torch.nn.Module, trainable: bool = False) -> int:
