@@ -28,6 +28,7 @@ test: $(STAMP)
 	$(OFFLINE) $(PY) -m pytest -q
 
 bench: $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(OFFLINE) $(PY) bench/run_all.py
 
 clean:
