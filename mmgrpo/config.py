@@ -134,6 +134,8 @@ class RewardSpec:
     """weight in the summed reward (GDPO uses the per-reward scores and these weights)"""
     kwargs: dict = field(default_factory=dict)
     """the reward's keyword arguments (model path, mode...)"""
+    label: str = ""
+    """column name in metrics and tables (default: name); lets one reward appear twice with other kwargs"""
 
 
 @dataclass

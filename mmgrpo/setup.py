@@ -79,7 +79,8 @@ def build_task(cfg: Config, device: torch.device) -> Task:
 def build_rewards(cfg: Config, task: Task, device: torch.device):
     import rewards
 
-    specs = [{"name": s.name, "weight": s.weight, "kwargs": s.kwargs} for s in cfg.rewards] or task.rewards
+    specs = [{"name": s.name, "weight": s.weight, "kwargs": s.kwargs, "label": s.label or s.name}
+             for s in cfg.rewards] or task.rewards
     if not specs:
         raise UserError(f"no rewards configured and pipeline {cfg.pipeline.name!r} has no default; add a "
                         f"`rewards:` list, e.g. [{{name: format, weight: 1.0}}]")

@@ -14,23 +14,23 @@ from torch import Tensor
 from rewards.api import REWARDS, Reward, RewardError, as_sample_list, load
 
 
-def _spec(i: int, spec: Any) -> tuple[str, float, dict]:
+def _spec(i: int, spec: Any) -> tuple[str, float, dict, str]:
     if isinstance(spec, str):
         spec = {"name": spec}
     if not isinstance(spec, dict) or "name" not in spec:
         raise ValueError(
-            f"reward spec {i} must be a dict with a 'name' (and optional 'weight', 'kwargs'), got {spec!r}"
+            f"reward spec {i} must be a dict with a 'name' (and optional 'weight', 'kwargs', 'label'), got {spec!r}"
         )
-    extra = set(spec) - {"name", "weight", "kwargs"}
+    extra = set(spec) - {"name", "weight", "kwargs", "label"}
     if extra:
         raise ValueError(
-            f"reward spec {i} ({spec['name']!r}) has unknown key(s) {sorted(extra)}; use name, weight, kwargs"
+            f"reward spec {i} ({spec['name']!r}) has unknown key(s) {sorted(extra)}; use name, weight, kwargs, label"
         )
     weight = spec.get("weight", 1.0)
     if not isinstance(weight, int | float) or not math.isfinite(weight):
         raise ValueError(f"reward spec {i} ({spec['name']!r}): weight={weight!r} must be a finite number")
     kwargs = dict(spec.get("kwargs") or {})
-    return spec["name"], float(weight), kwargs
+    return spec["name"], float(weight), kwargs, str(spec.get("label") or spec["name"])
 
 
 def _with_defaults(name: str, kwargs: dict, defaults: dict) -> dict:
@@ -55,16 +55,18 @@ class RewardSet:
         if not specs:
             raise ValueError("RewardSet needs at least one reward spec, e.g. [{'name': 'format', 'weight': 1.0}]")
         parsed = [_spec(i, s) for i, s in enumerate(specs)]
-        for name, _, kwargs in parsed:
+        for name, _, kwargs, _ in parsed:
             if not name.startswith(("http://", "https://")):
                 REWARDS.get(name)  # unknown name -> ValueError listing the choices, before any model loads
                 REWARDS.check_kwargs(name, kwargs, field=f"reward {name!r} kwargs")
-        self.names = [name for name, _, _ in parsed]
+        # labels name the columns (metrics reward/<label>/mean); one reward may appear twice with other kwargs
+        self.names = [label for _, _, _, label in parsed]
         if len(set(self.names)) != len(self.names):
-            raise ValueError(f"reward names must be unique in a RewardSet, got {self.names}")
-        self.weights = torch.tensor([w for _, w, _ in parsed], dtype=torch.float32)  # [R]
+            raise ValueError(f"reward labels must be unique in a RewardSet, got {self.names}; give repeated "
+                             f"rewards a 'label', e.g. {{name: shapes_geneval, label: strict, kwargs: {{mode: strict}}}}")
+        self.weights = torch.tensor([w for _, w, _, _ in parsed], dtype=torch.float32)  # [R]
         defaults = {"device": device, "dtype": dtype}
-        self.rewards = [load(name, **_with_defaults(name, kw, defaults)) for name, _, kw in parsed]
+        self.rewards = [load(name, **_with_defaults(name, kw, defaults)) for name, _, kw, _ in parsed]
 
     def __len__(self) -> int:
         return len(self.rewards)
@@ -221,7 +223,7 @@ def trust_grpo(
     """Trust-GRPO: outcome reward + annealed, trust-weighted thinking reward (groupwise; field `step`)."""
 
     def sub(spec):
-        name, _, kwargs = _spec(0, spec)
+        name, _, kwargs, _ = _spec(0, spec)
         return load(name, **kwargs)
 
     return TrustGRPO(
@@ -259,5 +261,5 @@ def grpo_care(
     *, accuracy: str | dict = "accuracy", margin: float = 0.01, coef: float = 0.5, min_accuracy: float = 0.1
 ) -> Reward:
     """GRPO-CARE: accuracy plus a consistency bonus from field `likelihood` (groupwise hook for the VLM pipeline)."""
-    name, _, kwargs = _spec(0, accuracy)
+    name, _, kwargs, _ = _spec(0, accuracy)
     return CareBonus(load(name, **kwargs), margin=margin, coef=coef, min_accuracy=min_accuracy)
