@@ -21,6 +21,8 @@ RECIPES = sorted((Path(__file__).resolve().parents[1] / "configs" / "flow").glob
 def _tiny_type(model: str) -> str:
     if model.startswith("tiny:"):
         return model[5:]
+    if model.startswith("assets/shapes"):
+        return "sd3"  # the ShapesWorld model is an SD3 transformer (its own format is tested in test_flow_shapes)
     return {"stabilityai": "sd3", "black-forest-labs": "flux", "Wan-AI": "wan"}[model.split("/")[0]]
 
 
