@@ -1,0 +1,20 @@
+"""Video-LLM pipeline: GRPO for Qwen2-VL / Qwen2.5-VL on videos (decord / PyAV reading, temporal grounding, video QA)
+with T-GRPO, Reg-GRPO + difficulty-aware augmentation, TempSamp-R1 ground-truth injection and GRPO-CARE as switches.
+
+Light to import: transformers, decord and PyAV load only when a task is built or a video is read.
+"""
+
+from pipelines.video.build import build_video
+
+
+def _register() -> None:
+    from mmgrpo.plugins import PIPELINES
+    from pipelines.video import advantages, rewards  # noqa: F401  registers "tempsamp", "grpo_bonus", video rewards
+
+    if "video" not in PIPELINES:
+        PIPELINES.register("video", build_video)
+
+
+_register()
+
+__all__ = ["build_video"]

@@ -1,0 +1,163 @@
+"""Prompt records for the video pipeline: a JSONL file of {video, question, answer | spans} rows, or ShapesWorld clips
+("shapes_video") generated once into a cache directory. Videos are checked at load time, naming the bad row.
+
+A record is {"prompt", "video" (absolute path), "duration", "category", "id", and "spans" [start, end] seconds for
+grounding or "answers" for QA}: field names are the rewards' (`temporal_iou` reads spans, the QA rewards answers).
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from mmgrpo.errors import UserError
+from pipelines.video.io import check_videos, video_info
+
+SHAPES_VIDEO = "shapes_video"
+QUESTION_KEYS = ("question", "problem", "prompt", "query")
+ANSWER_KEYS = ("answers", "answer", "solution")
+SPAN_KEYS = ("spans", "timestamps", "span", "timestamp")
+TASK_HINTS = {
+    "grounding": "Give the start and end time in seconds inside the answer tags, as <answer>start to end</answer>.",
+    "multiple_choice": "Answer with the option letter only.",
+    "numeric": "Answer with a number only.",
+}
+"""appended to the question per task, so the answer parses (rewards read `<answer>start to end</answer>`, a letter,
+or a number)"""
+SHAPES_TASKS = {"grounding": "grounding", "count": "numeric", "direction": "free_form", "order": "free_form"}
+
+
+def _span(value: Any, where: str) -> list[float]:
+    try:
+        pair = [float(v) for v in value]
+    except (TypeError, ValueError):
+        pair = []
+    if len(pair) != 2 or pair[1] < pair[0] or pair[0] < 0:
+        raise UserError(f"{where}: spans {value!r} must be [start, end] seconds with 0 <= start <= end")
+    return pair
+
+
+def _task(row: dict[str, Any], has_span: bool) -> str:
+    kind = str(row.get("problem_type", row.get("type", row.get("category", ""))) or "").lower().replace(" ", "_")
+    if has_span:
+        return "grounding"
+    return {"multiple_choice": "multiple_choice", "mc": "multiple_choice", "numerical": "numeric",
+            "numeric": "numeric", "count": "numeric"}.get(kind, kind or "free_form")
+
+
+def parse_row(row: Any, where: str, root: Path) -> dict[str, Any]:
+    """One JSONL row as a record; grounding rows give `spans` (or an [s, e] answer with type grounding)."""
+    if not isinstance(row, dict):
+        raise UserError(f"{where}: expected a JSON object with video, question and answer/spans, got "
+                        f"{type(row).__name__}")
+    question = next((row[k] for k in QUESTION_KEYS if row.get(k) is not None), None)
+    if question is None:
+        raise UserError(f"{where}: no question; give it under one of {', '.join(QUESTION_KEYS)}")
+    video = row.get("video", row.get("video_path", row.get("path")))
+    if not isinstance(video, str):
+        raise UserError(f"{where}: video must be a path string, got {video!r}")
+    spans = next((row[k] for k in SPAN_KEYS if row.get(k) is not None), None)
+    answer = next((row[k] for k in ANSWER_KEYS if row.get(k) is not None), None)
+    kind = str(row.get("type", row.get("problem_type", ""))).lower()
+    if spans is None and kind == "grounding" and isinstance(answer, list | tuple):
+        spans, answer = answer, None
+    if spans is None and answer is None:
+        raise UserError(f"{where}: no ground truth; give spans [start, end] (grounding) or an answer (QA)")
+    task = _task(row, spans is not None)
+    rec: dict[str, Any] = {"video": str(video if Path(video).is_absolute() else root / video), "category": task}
+    if spans is not None:
+        rec["spans"] = _span(spans, where)
+    if answer is not None:
+        rec["answers"] = answer if isinstance(answer, str) else json.dumps(answer)
+    rec["id"] = str(row.get("id", where))
+    rec["question"] = str(question)
+    if row.get("duration") is not None:
+        rec["duration"] = float(row["duration"])
+    return rec
+
+
+def finish(rec: dict[str, Any], *, time_prompt: bool) -> dict[str, Any]:
+    """Add duration (from the header when missing) and the prompt: question, duration line, task hint."""
+    if "duration" not in rec:
+        rec["duration"] = video_info(rec["video"]).duration
+    parts = [rec["question"]]
+    if time_prompt:  # Qwen2-VL has no absolute time in its positions; the duration anchors "X to Y" seconds
+        parts.append(f"The video is {rec['duration']:.1f} seconds long.")
+    if rec["category"] in TASK_HINTS:
+        parts.append(TASK_HINTS[rec["category"]])
+    rec["prompt"] = "\n".join(parts)
+    return rec
+
+
+def jsonl_records(path: str | os.PathLike, *, limit: int | None = None, skip_bad_videos: bool = False,
+                  time_prompt: bool = True, field: str = "pipeline.kwargs.data") -> list[dict[str, Any]]:
+    """Records of a JSONL file; a missing, corrupt or zero-length video raises naming the row, or is skipped."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{field} ({str(path)!r}) is neither a file nor {SHAPES_VIDEO!r}; pass a JSONL file of "
+                        f"{{video, question, answer | spans}} rows or data={SHAPES_VIDEO}")
+    recs, wheres = [], []
+    with open(p) as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{p}:{line_no}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UserError(f"{where}: not valid JSON ({err.msg} at column {err.colno}); fix that line") from None
+            recs.append(parse_row(row, where, p.parent))
+            wheres.append(where)
+            if limit is not None and len(recs) >= limit:
+                break
+    keep = check_videos([r["video"] for r in recs], skip=skip_bad_videos, where=wheres)
+    return [finish(recs[i], time_prompt=time_prompt) for i in keep]
+
+
+def shapes_video_dir(split: str, n: int, *, seed: int, types: tuple[str, ...], num_frames: int, fps: int,
+                     resolution: int, cache_dir: str | os.PathLike | None) -> Path:
+    """ShapesWorld clips of `split` written once under the cache (keyed by every generation setting) and reused."""
+    from pipelines.shapes.video import make_video_set
+
+    root = Path(cache_dir or os.environ.get("MMGRPO_CACHE") or Path.home() / ".cache" / "mmgrpo")
+    key = f"shapes_video-{split}-n{n}-s{seed}-{'+'.join(types)}-f{num_frames}-fps{fps}-r{resolution}"
+    out = root / key
+    if not (out / f"{split}.jsonl").is_file():
+        tmp = root / f".{key}.tmp{os.getpid()}"
+        make_video_set(split, n, tmp, seed=seed, num_frames=num_frames, fps=fps, resolution=resolution, types=types)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.replace(tmp, out)  # atomic: a concurrent builder never sees half a set
+        except OSError:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)  # another process finished first; its copy is complete
+    return out
+
+
+def shapes_video_records(split: str, n: int, *, seed: int = 0, types: tuple[str, ...] = ("grounding",),
+                         num_frames: int = 24, fps: int = 4, resolution: int = 64,
+                         cache_dir: str | os.PathLike | None = None, time_prompt: bool = True) -> list[dict[str, Any]]:
+    """`n` ShapesWorld video records (grounding -> spans; count -> numeric answers; direction/order -> free form)."""
+    out = shapes_video_dir(split, n, seed=seed, types=tuple(types), num_frames=num_frames, fps=fps,
+                           resolution=resolution, cache_dir=cache_dir)
+    recs = []
+    for line in (out / f"{split}.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        row["type"] = SHAPES_TASKS[row["type"]]
+        rec = parse_row(row, f"{out}/{split}.jsonl:{row['id']}", out)
+        recs.append(finish(rec, time_prompt=time_prompt))
+    return recs
+
+
+def load_records(data: str, *, split: str, size: int | None, seed: int, shapes_types: list[str] | None,
+                 shapes_frames: int, shapes_resolution: int, skip_bad_videos: bool, time_prompt: bool,
+                 cache_dir: str | None, field: str) -> list[dict[str, Any]]:
+    """Records from `data`: "shapes_video" (generated, `size` clips) or a JSONL path (first `size` rows if set)."""
+    if data == SHAPES_VIDEO:
+        if size is None or size < 1:
+            raise UserError(f"{field}={SHAPES_VIDEO} needs a size >= 1 (train_size / eval_size), got {size}")
+        return shapes_video_records(split, size, seed=seed, types=tuple(shapes_types or ("grounding",)),
+                                    num_frames=shapes_frames, resolution=shapes_resolution, cache_dir=cache_dir,
+                                    time_prompt=time_prompt)
+    return jsonl_records(data, limit=size, skip_bad_videos=skip_bad_videos, time_prompt=time_prompt, field=field)

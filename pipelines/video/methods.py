@@ -1,0 +1,67 @@
+"""Per-record helpers of the video methods: TempSamp-R1's ground-truth completion text, T-GRPO's frame shuffle, and
+DeepVideo-R1's difficulty-aware augmentation (a hint for groups that all fail, noisier frames for groups that all pass).
+
+Numpy and plain Python only; the policy decides when to call them.
+"""
+
+from typing import Any
+
+import numpy as np
+
+SPAN_TEMPLATE = ("<think>The event happens from {start:.2f} to {end:.2f} seconds.</think>"
+                 "<answer>{start:.2f} to {end:.2f}</answer>")
+ANSWER_TEMPLATE = "<think>The answer is {answer}.</think><answer>{answer}</answer>"
+
+
+def ground_truth_text(record: dict[str, Any], *, span_template: str = SPAN_TEMPLATE,
+                      answer_template: str = ANSWER_TEMPLATE) -> str:
+    """The completion TempSamp-R1 injects for `record`: its spans (grounding) or answer, through a template."""
+    if record.get("spans") is not None:
+        start, end = (float(v) for v in record["spans"])
+        return span_template.format(start=start, end=end)
+    if record.get("answers") is not None:
+        return answer_template.format(answer=record["answers"])
+    raise ValueError(f"record {record.get('id')!r} has neither spans nor answers: nothing to inject as ground truth")
+
+
+def shuffle_order(num_frames: int, seed: int) -> np.ndarray:
+    """A seeded permutation of the frames that is never the identity (for T >= 2): T-GRPO's shuffled video."""
+    perm = np.random.default_rng(seed).permutation(num_frames)
+    if num_frames > 1 and (perm == np.arange(num_frames)).all():
+        perm = np.roll(perm, 1)
+    return perm
+
+
+def difficulty(scores: list[float], *, easy_min: float, hard_max: float) -> str | None:
+    """"easy" when every score of the group is >= easy_min, "hard" when every one is <= hard_max, else None.
+
+    DeepVideo-R1 (arXiv:2506.07464): such groups carry no advantage (all-equal rewards), so they are re-posed.
+    """
+    if not scores:
+        return None
+    if min(scores) >= easy_min:
+        return "easy"
+    if max(scores) <= hard_max:
+        return "hard"
+    return None
+
+
+def with_hint(record: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `record` whose prompt carries a hint: the event's length (grounding) or the answer's first character.
+
+    Ground-truth fields are untouched, so the rewards score the re-posed group against the same answer.
+    """
+    if record.get("spans") is not None:
+        start, end = (float(v) for v in record["spans"])
+        hint = f"Hint: the event lasts about {end - start:.1f} seconds."
+    else:
+        answer = str(record.get("answers", "")).strip()
+        hint = f"Hint: the answer starts with '{answer[:1]}'." if answer else ""
+    return {**record, "prompt": f"{record['prompt']}\n{hint}" if hint else record["prompt"]}
+
+
+def noisier(frames: np.ndarray, *, std: float, seed: int) -> np.ndarray:
+    """Frames with Gaussian pixel noise (std in [0, 255] units): a harder view of the same events and timestamps."""
+    rng = np.random.default_rng(seed)
+    noisy = frames.astype(np.float32) + rng.normal(0.0, std, size=frames.shape).astype(np.float32)
+    return np.clip(np.rint(noisy), 0, 255).astype(np.uint8)

@@ -1,0 +1,213 @@
+"""The video `Policy`: the VLM policy with video inputs (frames sampled and read by pipelines/video/io.py, encoded by the
+Qwen2-VL / Qwen2.5-VL video processor with `second_per_grid_ts`), plus the rollout-time parts of the video methods.
+
+Log-probs, the prefix-shared forward (vision tower once per group), references and weights are the VLM policy's.
+Rollout extras: completion_ids, lengths, prompt_enc (as the VLM's), injected [N] bool (TempSamp ground truth).
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from mmgrpo.types import Rollout
+from pipelines.video import methods as vm
+from pipelines.video.io import read_frames, sample_indices, video_info
+from pipelines.vlm.methods import answer_token_mask
+from pipelines.vlm.policy import VLMPolicy
+
+
+@dataclass
+class FrameSettings:
+    """How frames are chosen and read (see io.sample_indices / io.read_frames)."""
+
+    mode: str = "count"
+    num_frames: int = 8
+    fps: float = 2.0
+    token_budget: int = 1024
+    pixels_per_frame: int = 128 * 28 * 28
+    min_frames: int = 2
+    max_frames: int = 64
+    strategy: str = "uniform"
+    backend: str = "auto"
+    cache_dir: str | None = None
+
+
+@dataclass
+class MethodSettings:
+    """Rollout-time method switches: T-GRPO signal, TempSamp ground-truth injection, DeepVideo-R1 augmentation."""
+
+    temporal: str = "none"
+    """"none" | "generate" (Video-R1: extra rollouts on shuffled frames) | "logp_gap" (re-score, no generation)"""
+    temporal_samples: int | None = None
+    """shuffled-frame rollouts per group with temporal="generate" (default G // 2, as Video-R1)"""
+    inject_ground_truth: bool = False
+    span_template: str = vm.SPAN_TEMPLATE
+    answer_template: str = vm.ANSWER_TEMPLATE
+    augment: bool = False
+    augment_reward: Any = "video_task"
+    augment_easy_min: float = 0.9
+    augment_hard_max: float = 0.0
+    augment_noise: float = 40.0
+
+
+class VideoPolicy(VLMPolicy):
+    """`Policy` for a video-text-to-text model; see the module docstring."""
+
+    def __init__(self, module: nn.Module, processor: Any, *, frames: FrameSettings, methods: MethodSettings,
+                 **vlm_kwargs: Any):
+        super().__init__(module, processor, **vlm_kwargs)
+        self.frames, self.m = frames, methods
+        self.augment_reward = None
+        if methods.augment:
+            from rewards import load
+
+            spec = methods.augment_reward
+            name, kw = (spec, {}) if isinstance(spec, str) else (spec["name"], dict(spec.get("kwargs") or {}))
+            self.augment_reward = load(name, **kw)
+
+    # ----- prompts
+    def encode(self, record: dict[str, Any], *, seed: int = 0, shuffle_seed: int | None = None,
+               noise_seed: int | None = None) -> dict[str, Any]:
+        """Processor inputs (batch of 1, on the device) for one record: sampled frames (optionally noisier or shuffled)
+        with their metadata, so Qwen2.5-VL's `second_per_grid_ts` follows the real sampling rate."""
+        from transformers.video_utils import VideoMetadata
+
+        f = self.frames
+        info = video_info(record["video"], backend=f.backend)
+        idx = sample_indices(info.num_frames, info.fps, mode=f.mode, num_frames=f.num_frames, fps=f.fps,
+                             token_budget=f.token_budget, pixels_per_frame=f.pixels_per_frame,
+                             min_frames=f.min_frames, max_frames=f.max_frames, strategy=f.strategy, seed=seed)
+        frames, times = read_frames(info.path, idx, backend=f.backend, cache_dir=f.cache_dir, info=info)
+        if noise_seed is not None:
+            frames = vm.noisier(frames, std=self.m.augment_noise, seed=noise_seed)
+        if shuffle_seed is not None:
+            frames = frames[vm.shuffle_order(len(frames), shuffle_seed)]
+        text = record["prompt"] if not self.s.instruction else f"{record['prompt']}\n{self.s.instruction}"
+        messages = [{"role": "system", "content": self.s.system_prompt}] if self.s.system_prompt else []
+        messages.append({"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]})
+        chat = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        meta = VideoMetadata(total_num_frames=info.num_frames, fps=info.fps, frames_indices=idx.tolist(),
+                             duration=info.duration, height=info.height, width=info.width)
+        enc = self.processor(text=[chat], videos=[frames], video_metadata=[meta], do_sample_frames=False,
+                             cap_pixels_per_frame=True, return_tensors="pt")
+        out = {k: v.to(self.device) for k, v in enc.items() if isinstance(v, Tensor)}
+        out["_timestamps"] = times  # seconds of each sampled frame (numpy, never reaches the model)
+        return out
+
+    # ----- rollout
+    def _sample(self, enc: dict[str, Any], n: int, seed: int) -> tuple[Tensor, Tensor]:
+        comp, lengths, _ = self._generate_group(enc, n, seed)
+        return comp, lengths
+
+    def _texts(self, comp: Tensor, lengths: Tensor) -> list[str]:
+        return [self.tokenizer.decode(c[:n].tolist(), skip_special_tokens=True) for c, n in zip(comp, lengths.tolist())]
+
+    def _augment(self, record: dict, enc: dict, comp: Tensor, lengths: Tensor, seed: int):
+        """DeepVideo-R1: re-pose a group whose samples all pass (noisier frames) or all fail (a hint), and resample."""
+        texts = self._texts(comp, lengths)
+        fields = {k: [record.get(k)] * len(texts) for k in self.augment_reward.fields if record.get(k) is not None}
+        scores = self.augment_reward(texts, **fields).tolist()
+        level = vm.difficulty(scores, easy_min=self.m.augment_easy_min, hard_max=self.m.augment_hard_max)
+        view = {"record": record, "noise_seed": None}
+        if level is None:
+            return enc, comp, lengths, view, level
+        if level == "hard":
+            view["record"] = vm.with_hint(record)
+        else:
+            view["noise_seed"] = seed + 3
+        enc = self.encode(view["record"], seed=seed, noise_seed=view["noise_seed"])
+        comp, lengths = self._sample(enc, comp.shape[0], seed + 4)
+        return enc, comp, lengths, view, level
+
+    def _ground_truth(self, record: dict[str, Any]) -> Tensor:
+        """Token ids [1, T] of the injected ground-truth completion; ends at its stop string, or with EOS."""
+        text = vm.ground_truth_text(record, span_template=self.m.span_template, answer_template=self.m.answer_template)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if not any(text.endswith(s) for s in self.s.stop):
+            ids = ids + [int(self.tokenizer.eos_token_id)]
+        return torch.tensor([ids], dtype=torch.long, device=self.device)
+
+    @staticmethod
+    def _pad_cat(parts: list[Tensor], pad: int) -> Tensor:
+        k = max(p.shape[1] for p in parts)
+        return torch.cat([nn.functional.pad(p, (0, k - p.shape[1]), value=pad) for p in parts])
+
+    @torch.no_grad()
+    def rollout(self, prompts: list[dict[str, Any]], group_size: int, seeds: list[int]) -> Rollout:
+        self.module.eval()
+        m, pad = self.m, self.tokenizer.pad_token_id
+        if m.inject_ground_truth and group_size < 2:
+            raise ValueError(f"inject_ground_truth needs sample.group_size >= 2 (G - 1 sampled + 1 ground truth), "
+                             f"got {group_size}")
+        encs, shuffled_encs, comps, lens, injected, shuffled_texts, levels = [], [], [], [], [], [], []
+        for record, seed in zip(prompts, seeds):
+            seed = int(seed)
+            enc = self.encode(record, seed=seed)
+            n_gen = group_size - 1 if m.inject_ground_truth else group_size
+            comp, lengths = self._sample(enc, n_gen, seed)
+            view = {"record": record, "noise_seed": None}
+            if self.augment_reward is not None:
+                enc, comp, lengths, view, level = self._augment(record, enc, comp, lengths, seed)
+                levels.append(level)
+            flags = [False] * n_gen
+            if m.inject_ground_truth:
+                gt = self._ground_truth(record)
+                comp = self._pad_cat([comp, gt], pad)
+                lengths = torch.cat([lengths, torch.tensor([gt.shape[1]], device=lengths.device)])
+                flags.append(True)
+            if m.temporal != "none":
+                shuf = self.encode(view["record"], seed=seed, noise_seed=view["noise_seed"], shuffle_seed=seed + 1)
+                if m.temporal == "generate":
+                    s_comp, s_len = self._sample(shuf, m.temporal_samples or max(group_size // 2, 1), seed + 2)
+                    shuffled_texts += [self._texts(s_comp, s_len)] * group_size
+                shuffled_encs += [shuf] * group_size
+            encs += [enc] * group_size
+            comps.append(comp)
+            lens.append(lengths)
+            injected += flags
+        completions = self._pad_cat(comps, pad)  # [N, K]
+        lengths = torch.cat(lens)  # [N]
+        mask = torch.arange(completions.shape[1], device=completions.device)[None] < lengths[:, None]  # [N, K]
+        completions = torch.where(mask, completions, pad)
+        # old_logp of every member, the injected ground truth included, is its log-prob under the rollout policy from
+        # this forward pass: the first ratio is exactly 1 and clipping bounds the move away from that policy
+        old_logp = self._score(self.module, encs, completions, lengths, group_size)  # [N, K]
+        texts = self._texts(completions, lengths)
+        inj = torch.tensor(injected, dtype=torch.bool)
+        extras = {"completion_ids": completions, "lengths": lengths, "prompt_enc": encs, "injected": inj,
+                  "reward_fields": {"lengths": lengths.tolist()}}
+        metrics = {"rollout/length_mean": float(lengths.float().mean()),
+                   "rollout/truncated_frac": float((lengths == self.s.max_new_tokens).float().mean()),
+                   "video/frames_mean": sum(len(e["_timestamps"]) for e in encs) / len(encs)}
+        if self.iteration is not None:
+            extras["reward_fields"]["step"] = [self.iteration] * len(texts)
+        if m.temporal == "generate":
+            extras["reward_fields"]["shuffled_samples"] = shuffled_texts
+        if m.temporal == "logp_gap":
+            gap = self._logp_gap(old_logp, shuffled_encs, completions, lengths, mask, group_size)  # [N]
+            extras["reward_fields"]["temporal_gap"] = gap.tolist()
+            metrics["temporal/gap_mean"] = float(gap.mean())
+        if levels:
+            metrics["augment/hard_frac"] = sum(lv == "hard" for lv in levels) / len(levels)
+            metrics["augment/easy_frac"] = sum(lv == "easy" for lv in levels) / len(levels)
+        if m.inject_ground_truth:
+            metrics["gt/logp_mean"] = float(old_logp[inj].sum() / mask[inj].sum().clamp(min=1))
+        if self.care is not None:
+            like = self.care.likelihood(self, encs, completions, lengths, group_size, self.iteration)  # [N]
+            extras["reward_fields"]["likelihood"] = like.tolist()
+            metrics["care/likelihood_mean"] = float(like.mean())
+        return Rollout(samples=texts, old_logp=old_logp.float(), mask=mask, extras=extras, metrics=metrics)
+
+    def _logp_gap(self, old_logp: Tensor, shuffled_encs: list, completions: Tensor, lengths: Tensor, mask: Tensor,
+                  group_size: int) -> Tensor:
+        """[N] mean over each answer's tokens (the whole completion when it has no answer) of log pi(ordered) -
+        log pi(shuffled): one extra forward of the same completions, no generation."""
+        shuffled = self._score(self.module, shuffled_encs, completions, lengths, group_size)  # [N, K]
+        pieces = [[self.tokenizer.decode([t]) for t in c[:n].tolist()] for c, n in zip(completions, lengths.tolist())]
+        ans = answer_token_mask(pieces).to(mask.device)  # [N, K']
+        ans = nn.functional.pad(ans, (0, mask.shape[1] - ans.shape[1])) & mask  # [N, K]
+        use = torch.where(ans.any(1, keepdim=True), ans, mask)  # [N, K]
+        diff = torch.where(use, old_logp.float() - shuffled.float(), 0.0)  # [N, K]
+        return (diff.sum(1) / use.sum(1).clamp(min=1)).cpu()  # [N]

@@ -1,0 +1,121 @@
+"""The video policy on tiny random Qwen2-VL / Qwen2.5-VL with real mp4 clips: processor outputs and second_per_grid_ts,
+ratio == 1 before the first update (injected ground truth included), the injected sample's old log-prob, the
+prefix-shared forward (vision tower once per group), T-GRPO signals, augmentation, and JSONL data errors."""
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+import pipelines.video  # noqa: F401  registers "video"
+from mmgrpo.errors import UserError
+from pipelines.shapes.video import write_mp4
+from pipelines.video.build import build_video
+from pipelines.video.data import jsonl_records
+
+SMALL = {"train_size": 3, "eval_size": 1, "num_frames": 4, "max_new_tokens": 6}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("video_policy"))
+
+
+@pytest.fixture(scope="module")
+def task25(cache):
+    return build_video(seed=0, device=torch.device("cpu"), model="tiny-random-qwen2.5-vl", cache_dir=cache,
+                       inject_ground_truth=True, temporal="logp_gap", **SMALL)
+
+
+def test_processor_outputs_and_second_per_grid_ts(task25):
+    rec = task25.train_data[0]
+    assert rec["spans"] and rec["duration"] == 6.0 and "6.0 seconds long" in rec["prompt"]
+    enc = task25.policy.encode(rec)
+    assert enc["video_grid_thw"].tolist()[0][0] == 2  # 4 frames / temporal patch 2
+    # 4 of 24 frames at 4 fps -> sampled fps 4 * 4 / 24 = 2/3; seconds per temporal grid = 2 / (2/3) = 3.0
+    assert enc["second_per_grid_ts"].tolist() == pytest.approx([3.0])
+    np.testing.assert_allclose(enc["_timestamps"], np.array([0, 8, 15, 23]) / 4.0)  # round(linspace(0, 23, 4)) / fps
+
+
+def test_ratio_is_one_before_the_first_update_and_gt_old_logp(task25):
+    pol, mod = task25.policy, task25.module
+    r = pol.rollout(task25.train_data[:2], 4, [11, 12])
+    assert r.extras["injected"].tolist() == [False, False, False, True] * 2
+    assert r.samples[3].endswith(f"<answer>{task25.train_data[0]['spans'][0]:.2f} to "
+                                 f"{task25.train_data[0]['spans'][1]:.2f}</answer>")
+    for shared in (True, False):
+        mod.shared = shared
+        logp, _ = pol.logp(mod, r, torch.arange(8))
+        torch.testing.assert_close(logp[r.mask], r.old_logp[r.mask], atol=1e-5, rtol=0)  # ratio exp(0) = 1
+    mod.shared = True
+    # the injected sample's old log-prob is its log-prob under the rollout policy: an independent plain forward of
+    # [prompt | ground truth] alone gives the same numbers, over every ground-truth token
+    i = 3
+    n = int(r.extras["lengths"][i])
+    alone, _ = mod([r.extras["prompt_enc"][i]], r.extras["completion_ids"][i: i + 1, :n],
+                   r.extras["lengths"][i: i + 1], shared=False)
+    assert bool(r.mask[i, :n].all()) and not bool(r.mask[i, n:].any())
+    torch.testing.assert_close(r.old_logp[i, :n], alone[0], atol=1e-5, rtol=0)
+    assert float(r.old_logp[i, :n].sum()) < 0
+
+
+def test_vision_tower_runs_once_per_group(task25):
+    pol, mod = task25.policy, task25.module
+    r = pol.rollout(task25.train_data[:2], 4, [1, 2])
+    seen = []
+    visual = mod.hf.model.visual
+    handle = visual.register_forward_pre_hook(lambda m, args, kw: seen.append(args[0].shape[0]), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            shared, _ = mod(r.extras["prompt_enc"], r.extras["completion_ids"], r.extras["lengths"], shared=True)
+            plain, _ = mod(r.extras["prompt_enc"], r.extras["completion_ids"], r.extras["lengths"], shared=False)
+    finally:
+        handle.remove()
+    per_video = r.extras["prompt_enc"][0]["pixel_values_videos"].shape[0]
+    assert seen == [2 * per_video, 8 * per_video]  # shared: B = 2 videos; plain: N = 8 copies
+    torch.testing.assert_close(shared[r.mask], plain[r.mask], atol=1e-4, rtol=0)
+
+
+def test_temporal_generate_and_augment(cache):
+    task = build_video(seed=0, device=torch.device("cpu"), model="tiny-random-qwen2-vl", cache_dir=cache,
+                       temporal="generate", temporal_samples=3, augment=True, augment_easy_min=2.0,
+                       augment_hard_max=1.0, **SMALL)
+    r = task.policy.rollout(task.train_data[:2], 2, [5, 6])
+    shuffled = r.extras["reward_fields"]["shuffled_samples"]
+    assert len(shuffled) == 4 and all(len(s) == 3 and all(isinstance(t, str) for t in s) for s in shuffled)
+    assert shuffled[0] is shuffled[1]  # one list per group
+    assert r.metrics["augment/hard_frac"] == 1.0  # every group counts as hard here: re-posed with a hint
+    ids = r.extras["prompt_enc"][0]["input_ids"][0].tolist()
+    assert "Hint: the event lasts about" in task.policy.tokenizer.decode(ids)
+
+
+def test_jsonl_records_charades_style_and_bad_rows(tmp_path, caplog):
+    frames = np.zeros((8, 32, 32, 3), np.uint8)
+    (tmp_path / "v").mkdir()
+    write_mp4(tmp_path / "v" / "a.mp4", frames, 4)
+    (tmp_path / "v" / "bad.mp4").write_bytes(b"garbage")
+    rows = [{"video": "v/a.mp4", "query": "person opens a door", "timestamps": [0.5, 1.5]},
+            {"video": "v/a.mp4", "question": "Which?", "answer": "B", "problem_type": "multiple choice"},
+            {"video": "v/bad.mp4", "query": "x", "timestamps": [0, 1]}]
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    with pytest.raises(UserError, match=r"train.jsonl:3.*bad.mp4"):
+        jsonl_records(path)
+    with caplog.at_level(logging.WARNING, logger="pipelines.video.io"):
+        recs = jsonl_records(path, skip_bad_videos=True)
+    assert "skipped 1 of 3" in caplog.text
+    assert [r["category"] for r in recs] == ["grounding", "multiple_choice"]
+    assert recs[0]["spans"] == [0.5, 1.5] and recs[0]["duration"] == 2.0 and recs[0]["video"].startswith(str(tmp_path))
+    assert recs[1]["answers"] == "B" and "option letter" in recs[1]["prompt"]
+    path.write_text(json.dumps({"video": "v/a.mp4", "query": "x", "timestamps": [3, 1]}))
+    with pytest.raises(UserError, match=r"start <= end"):
+        jsonl_records(path)
+
+
+def test_builder_errors(cache):
+    with pytest.raises(UserError, match="temporal"):
+        build_video(seed=0, device=torch.device("cpu"), cache_dir=cache, temporal="shuffle", **SMALL)
+    with pytest.raises(UserError, match="frame_mode"):
+        build_video(seed=0, device=torch.device("cpu"), cache_dir=cache, frame_mode="tokens", **SMALL)
