@@ -121,7 +121,8 @@ def test_sigterm_saves_and_stops(tmp_path):
 
 def _register(name: str, fn) -> None:
     if name not in REWARDS:
-        REWARDS.register(name, lambda: FunctionReward(fn, name=name, input="text", fields=("target",)))
+        REWARDS.register(name, lambda: FunctionReward(fn, name=name, input="text", fields=("target",)),
+                         doc=f"test-only reward {name}")
 
 
 def test_nan_rewards_skip_then_stop(tmp_path):

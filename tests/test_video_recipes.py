@@ -28,7 +28,8 @@ def _letters(samples, prompts=None):
 
 if "video_test_letters" not in REWARDS:
     REWARDS.register("video_test_letters",
-                     lambda: FunctionReward(_letters, name="video_test_letters", preprocess="counts ASCII letters"))
+                     lambda: FunctionReward(_letters, name="video_test_letters", preprocess="counts ASCII letters"),
+                     doc="test-only reward: share of ASCII letters")
 
 
 @pytest.fixture(scope="module")
