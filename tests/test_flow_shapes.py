@@ -30,7 +30,8 @@ def tiny_shapes_dir(tmp_path_factory):
 def _cfg(tmp_path, model_dir, *extra):
     return load_config(None, [f"run.output_dir={tmp_path}", "run.steps=2", "run.progress=false", "run.report=false",
                               "pipeline.name=flow", f"pipeline.kwargs.model={model_dir}",
-                              "pipeline.kwargs.data=shapes:train:single_object,colors", "pipeline.kwargs.resolution=32",
+                              "pipeline.kwargs.data=shapes:train:single_object,colors",
+                              "pipeline.kwargs.resolution=32",
                               "pipeline.kwargs.num_steps=4", "pipeline.kwargs.guidance_scale=2.0",
                               "pipeline.kwargs.lora_rank=4", "sample.batch_size=8", "sample.group_size=4",
                               "algo.micro_batch_size=8", "optim.lr=1e-2",
