@@ -1,0 +1,292 @@
+"""VLM benchmark: one full GRPO iteration (generate + score + update) of mmgrpo vs TRL's GRPOTrainer, same model and data.
+
+Run: python bench/vlm_vs_trl.py [--quick]; writes bench/sections/vlm_vs_trl.md. Needs trl (pip install -e .[bench]).
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch
+import yaml
+
+from bench.common import fmt_ratio, machine, md_table, measure_pair, now_utc, summarise, write_section
+from bench.vlm_prefix import bench_vlm, profile_step
+
+TARGETS = {"time": 2.0, "memory": 0.7}  # issue 9: mmgrpo >= 2x faster per iteration, <= 0.7x TRL's peak memory
+TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+REWARD = "bench_tags"
+
+
+def tag_score(text: str) -> float:
+    """0.25 per reasoning tag present: a graded format reward a random model already scatters (tags are single ids)."""
+    return 0.25 * sum(t in text for t in TAGS)
+
+
+def register_reward() -> str:
+    """The bench-only text reward in mmgrpo's registry (TRL gets the same function, see `trl_reward`)."""
+    from rewards.api import REWARDS, FunctionReward
+
+    if REWARD not in REWARDS.names():
+        REWARDS.register(REWARD, input="text", range="[0, 1]", paper="bench-only")(
+            lambda: FunctionReward(lambda samples, prompts, **_: [tag_score(s) for s in samples], name=REWARD,
+                                   input="text", preprocess="decoded completion text"))
+    return REWARD
+
+
+def trl_reward(completions: list[Any], **_: Any) -> list[float]:
+    """The same reward for TRL, whose conversational completions are [{"role": "assistant", "content": text}]."""
+    texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+    return [tag_score(t if isinstance(t, str) else "".join(p.get("text", "") for p in t)) for t in texts]
+
+
+# ---- the two arms
+
+
+def mmgrpo_arm(out_dir: Path, model: str, s: dict[str, Any]):
+    """A `mmgrpo.setup.Run` of the vlm pipeline with the shared settings (no progress bar, report or checkpoints)."""
+    from mmgrpo.config import load_config
+    from mmgrpo.setup import setup
+
+    tree = {
+        "run": {"output_dir": str(out_dir), "seed": 0, "steps": 10_000, "checkpoint_every": 0, "resume": "never",
+                "progress": False, "report": False, "log_every": 10_000},
+        "pipeline": {"name": "vlm", "kwargs": {
+            "model": model, "data": "shapes_vqa", "train_size": s["prompts"], "eval_size": 1,
+            "resolution": s["resolution"], "lora_rank": 0, "max_new_tokens": s["max_new_tokens"],
+            "temperature": 1.0, "top_p": 1.0, "top_k": 0, "stop": None, "reference": "none",
+            "prefix_sharing": s["prefix_sharing"]}},
+        "sample": {"batch_size": s["prompts"] * s["group"], "group_size": s["group"]},
+        "algo": {"advantage": "grpo", "advantage_kwargs": {"std": "group", "eps": 1e-4}, "loss": "clipped",
+                 "loss_kwargs": {"clip_low": 0.2, "clip_high": 0.2}, "aggregation": "token_mean",
+                 "inner_epochs": 1, "num_minibatches": 1, "micro_batch_size": s["prompts"] * s["group"],
+                 "kl_coef": 0.0},
+        "optim": {"lr": s["lr"], "grad_clip": 1.0, "weight_decay": 0.0},
+        "rewards": [{"name": register_reward(), "weight": 1.0}],
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
+    return setup(load_config(out_dir / "bench.yaml"))
+
+
+class MmgrpoIter:
+    """One iteration exactly as `mmgrpo.trainer.train` runs it (minus logging and checkpoints)."""
+
+    def __init__(self, run: Any):
+        self.run, self.step, self.split = run, 0, []
+
+    def __call__(self) -> float:
+        from mmgrpo.collect import collect
+        from mmgrpo.trainer import compute_advantages, update
+
+        run = self.run
+        t0 = time.perf_counter()
+        run.policy.set_iteration(self.step)
+        batch = collect(run, self.step)
+        t1 = time.perf_counter()
+        adv, use, _ = compute_advantages(run, batch, progress=0.0)
+        update(run, batch, adv, use, self.step)
+        run.scheduler.step()
+        self.split.append((t1 - t0, time.perf_counter() - t1))
+        self.step += 1
+        return float(batch.total.mean())
+
+
+def trl_trainer(model_dir: str, out_dir: Path, records: list[dict[str, Any]], s: dict[str, Any]):
+    """TRL's GRPOTrainer on the same model (float32, SDPA), the same prompts, reward and settings."""
+    from datasets import Dataset
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    from trl import GRPOConfig, GRPOTrainer
+
+    from pipelines.vlm.build import FORMAT_INSTRUCTION
+    from pipelines.vlm.data import load_image
+
+    n = s["prompts"] * s["group"]
+    args = GRPOConfig(output_dir=str(out_dir), per_device_train_batch_size=n, num_generations=s["group"],
+                      gradient_accumulation_steps=1, steps_per_generation=1, num_iterations=1,
+                      max_completion_length=s["max_new_tokens"], temperature=1.0, top_p=1.0, top_k=0,
+                      repetition_penalty=1.0, beta=0.0, epsilon=0.2, epsilon_high=0.2, loss_type="dapo",
+                      scale_rewards="group", learning_rate=s["lr"], weight_decay=0.0, max_grad_norm=1.0,
+                      lr_scheduler_type="constant", warmup_steps=0, max_steps=10_000, use_cpu=True, report_to=[],
+                      save_strategy="no", logging_strategy="no", seed=0, bf16=False, fp16=False)
+    rows = [{"prompt": [{"role": "user", "content": [{"type": "image"},
+                                                     {"type": "text", "text": f"{r['prompt']}\n{FORMAT_INSTRUCTION}"}]}],
+             "image": load_image(r["image"])} for r in records]
+    processor = AutoProcessor.from_pretrained(model_dir)
+    model = AutoModelForImageTextToText.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="sdpa")
+    trainer = GRPOTrainer(model=model, reward_funcs=[trl_reward], args=args, train_dataset=Dataset.from_list(rows),
+                          processing_class=processor)
+    trainer.create_optimizer_and_scheduler(num_training_steps=args.max_steps)
+    trainer.current_gradient_accumulation_steps = 1  # what Trainer.train's loop sets per optimizer step
+    return trainer, rows
+
+
+class TrlIter:
+    """One optimizer step as `Trainer.train` runs it with gradient_accumulation_steps=1: training_step (TRL generates
+    and scores the batch inside it, then the loss and backward), gradient clipping, optimizer and scheduler step."""
+
+    def __init__(self, trainer: Any, rows: list[dict[str, Any]], group: int):
+        self.trainer, self.split = trainer, []
+        self.batch = [row for row in rows for _ in range(group)]  # what TRL's RepeatSampler hands to one step
+        gen = trainer._generate_and_score_completions
+        self._gen_s = 0.0
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            t0 = time.perf_counter()
+            out = gen(*a, **kw)
+            self._gen_s += time.perf_counter() - t0
+            return out
+
+        trainer._generate_and_score_completions = timed
+
+    def __call__(self) -> float:
+        tr = self.trainer
+        self._gen_s = 0.0
+        t0 = time.perf_counter()
+        tr.model.train()
+        loss = tr.training_step(tr.model, list(self.batch), None)
+        torch.nn.utils.clip_grad_norm_(tr.model.parameters(), tr.args.max_grad_norm)
+        tr.optimizer.step()
+        tr.lr_scheduler.step()
+        tr.optimizer.zero_grad(set_to_none=True)
+        tr.state.global_step += 1
+        dt = time.perf_counter() - t0
+        self.split.append((self._gen_s, dt - self._gen_s))
+        return float(loss)
+
+
+def trl_fitted_peak(tr: TrlIter, trainer: Any) -> int:
+    """TRL's peak with its log-prob buffer sized for this model's vocabulary instead of 32768 columns.
+
+    Without Triton (CPU), TRL's chunked log-prob allocates a [min(N, 4096), 32768] float32 tile buffer whatever the
+    vocabulary; with a 267-token vocabulary that buffer, not the model, sets TRL's peak. Setting TRL's module constant
+    to the vocabulary size gives the same log-probs (the tiles are sliced to the vocabulary) with the buffer a real
+    one-chunk logits tensor would take, which is the fair comparison for a small-vocabulary model.
+    """
+    import trl.trainer.utils as trl_utils
+
+    old = trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE
+    trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE = int(trainer.model.get_output_embeddings().weight.shape[0])
+    try:
+        return profile_step(tr)[0]
+    finally:
+        trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE = old
+
+
+# ---- the benchmark
+
+
+def section(res: dict[str, Any], s: dict[str, Any], *, cmd: str, seconds: float, n_params: int) -> str:
+    pair, mem = res["pair"], res["mem"]
+    m_split = [summarise([x[i] for x in res["mm_split"]])["median"] for i in (0, 1)]
+    t_split = [summarise([x[i] for x in res["trl_split"]])["median"] for i in (0, 1)]
+    mem_ratio, shipped = mem["mmgrpo"] / mem["trl_fit"], mem["mmgrpo"] / mem["trl"]
+    rows = [["time per iteration, TRL / mmgrpo", fmt_ratio(pair), f">= {TARGETS['time']:.0f}x"],
+            ["peak memory, mmgrpo / TRL (TRL's log-prob buffer fitted to the vocabulary)", f"{mem_ratio:.2f}",
+             f"<= {TARGETS['memory']}"],
+            ["peak memory, mmgrpo / TRL as shipped (a 32768-column buffer)", f"{shipped:.2f}", "(for reference)"]]
+    if "pair_plain" in res:
+        rows.append(["time per iteration, TRL / mmgrpo with prefix_sharing=off", fmt_ratio(res["pair_plain"]),
+                     "(variant)"])
+    raw = md_table(["arm", "seconds per iteration: generate + score / update (median)", "peak MiB"],
+                   [["mmgrpo", f"{m_split[0]:.2f} / {m_split[1]:.2f}", f"{mem['mmgrpo'] / 2**20:.0f}"],
+                    ["TRL GRPOTrainer", f"{t_split[0]:.2f} / {t_split[1]:.2f}",
+                     f"{mem['trl_fit'] / 2**20:.0f} (as shipped: {mem['trl'] / 2**20:.0f})"]])
+    t = pair["median"]
+    return "\n".join([
+        "## VLM: one GRPO iteration, mmgrpo vs TRL's GRPOTrainer", "",
+        f"`{cmd}`, {now_utc()}, {seconds:.0f} s. Machine: {machine()}. TRL {res['trl_version']}.", "",
+        (f"Setting, identical on both sides: the random Qwen2-VL of the prefix benchmark (text hidden {s['hidden']}, "
+         f"{s['layers']} layers, {n_params / 1e6:.2f} M parameters, float32, SDPA, full fine-tuning, AdamW lr "
+         f"{s['lr']}, grad clip 1), the same {s['prompts']} ShapesWorld VQA prompts every iteration "
+         f"({s['resolution']}x{s['resolution']} px images, {res['image_tokens']} image tokens, prefix about "
+         f"{res['prefix_tokens']} tokens with the chat template and format instruction), G = {s['group']}, "
+         f"{s['prompts'] * s['group']} completions per iteration, at most {s['max_new_tokens']} new tokens "
+         f"(temperature 1, top-p 1, top-k 0, stop at EOS only), one optimizer step per generation batch, token-mean "
+         f"clipped loss (epsilon 0.2), group-std advantages, no KL, no reference model. Reward: 0.25 per reasoning tag "
+         f"present (the same Python function on both sides). An iteration is mmgrpo's `collect` + advantages + "
+         f"`update` as `mmgrpo.trainer.train` runs them, against TRL's `training_step` (which generates and scores "
+         f"inside) + clip + optimizer step as `Trainer.train` runs them; the two alternate (A, B, then B, A ...) after "
+         f"a warm-up pair."), "",
+        md_table(["comparison", "measured", "target"], rows), "",
+        (f"Peak memory = peak bytes of tensors allocated during one iteration above what was live before it "
+         f"(weights and optimizer state), from torch.profiler's allocator events (see the prefix benchmark), one "
+         f"iteration per arm after the timed ones. Raw data (seconds are this machine's, not the code's):"), "",
+        raw, "",
+        "### Targets (issue 9) and what stands in the way", "",
+        (f"- >= {TARGETS['time']:.0f}x faster per iteration: measured {t:.2f}x "
+         f"({'met' if t >= TARGETS['time'] else 'missed'}). " + res["why_time"]),
+        (f"- <= {TARGETS['memory']}x TRL's peak memory: measured {mem_ratio:.2f}x "
+         f"({'met' if mem_ratio <= TARGETS['memory'] else 'missed'}). " + res["why_mem"]),
+    ])
+
+
+def explain(res: dict[str, Any]) -> tuple[str, str]:
+    """Where the time and memory go, from the measured splits (filled into the verdict)."""
+    m = [summarise([x[i] for x in res["mm_split"]])["median"] for i in (0, 1)]
+    t = [summarise([x[i] for x in res["trl_split"]])["median"] for i in (0, 1)]
+    why_time = (f"Generate + score: TRL / mmgrpo {t[0] / m[0]:.2f}x (mmgrpo also recomputes the old log-probs with a "
+                f"no-grad prefix-shared forward inside its rollout, which TRL skips when the update is on-policy with "
+                f"one inner epoch); update: TRL / mmgrpo {t[1] / m[1]:.2f}x (prefix-shared forward+backward against "
+                f"TRL's plain batch). Both generate with transformers' `generate` "
+                f"({'one call per prompt with num_return_sequences=G' } in mmgrpo, one call for the whole batch in "
+                f"TRL), which no prefix sharing touches.")
+    why_mem = ("TRL as shipped allocates a [min(N, 4096), 32768] float32 tile buffer in its chunked log-prob (forward "
+               "and backward) on any device without Triton, whatever the vocabulary, so with this 267-token vocabulary "
+               "that buffer sets its peak; the fitted figure sizes it to the vocabulary (same log-probs). What remains "
+               "is the update's activations: TRL's plain batch holds G copies of each prefix (and runs the vision "
+               "tower on G copies of the image), mmgrpo's shared row one.")
+    return why_time, why_mem
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller model and batch: a smoke run of the script")
+    ap.add_argument("--repeats", type=int, default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)  # one thread: the machine is shared, and ratios are steadier
+    if hasattr(os, "nice") and os.nice(0) < 10:
+        os.nice(10 - os.nice(0))
+    import transformers
+    import trl
+
+    transformers.utils.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    t_start = time.perf_counter()
+    hidden, layers = (128, 2) if args.quick else (256, 4)
+    s = {"hidden": hidden, "layers": layers, "prompts": 2, "group": 8 if not args.quick else 4,
+         "max_new_tokens": 16 if args.quick else 64, "resolution": 224, "lr": 1e-5, "prefix_sharing": "auto"}
+    repeats = args.repeats or (2 if args.quick else 5)
+    model_dir = bench_vlm(hidden, layers)
+    with tempfile.TemporaryDirectory(prefix="bench_vlm_trl_") as tmp:
+        run = mmgrpo_arm(Path(tmp) / "mmgrpo", model_dir, s)
+        records = run.task.train_data
+        trainer, rows = trl_trainer(model_dir, Path(tmp) / "trl", records, s)
+        mm, tr = MmgrpoIter(run), TrlIter(trainer, rows, s["group"])
+        pair = measure_pair(tr, mm, repeats=repeats, warmup=1)
+        mem = {"mmgrpo": profile_step(mm)[0], "trl": profile_step(tr)[0], "trl_fit": trl_fitted_peak(tr, trainer)}
+        enc = run.policy.encode(records[0])
+        res = {"pair": pair, "mem": mem, "mm_split": mm.split[2:], "trl_split": tr.split[2:],
+               "trl_version": trl.__version__, "image_tokens": int((enc["input_ids"] == run.policy.module.hf.config.image_token_id).sum()),
+               "prefix_tokens": int(enc["input_ids"].shape[1])}
+        n_params = sum(p.numel() for p in run.policy.module.parameters())
+        run.close()
+    res["why_time"], res["why_mem"] = explain(res)
+    cmd = f"python bench/vlm_vs_trl.py{' --quick' if args.quick else ''}"
+    md = section(res, s, cmd=cmd, seconds=time.perf_counter() - t_start, n_params=n_params)
+    path = write_section("vlm_vs_trl", md)
+    print(md)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
