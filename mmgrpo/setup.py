@@ -3,6 +3,7 @@
 The `Run` holds everything the loop touches; `setup` validates paths and restores a checkpoint before step one.
 """
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,8 @@ def _prepare_dirs(cfg: Config) -> tuple[Path, Path]:
     run_dir = Path(cfg.run.output_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        probe = run_dir / ".write-test"
+        # one probe per process: ranks share the directory, and a shared name lets one rank unlink another's
+        probe = run_dir / f".write-test-{os.getpid()}"
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
