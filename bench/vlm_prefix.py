@@ -264,7 +264,7 @@ def bench_prefix(model: Any, proc: Any, prefix: int, *, repeats: int, warmup: in
 
 def plot(results: list[dict[str, Any]]) -> str:
     plt = pyplot()
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.3))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6), gridspec_kw={"wspace": 0.35})
     xs = [r["prefix"] for r in results]
     med = [r["pair"]["median"] for r in results]
     lo = [r["pair"]["median"] - r["pair"]["min"] for r in results]
@@ -274,7 +274,7 @@ def plot(results: list[dict[str, Any]]) -> str:
              label="peak memory: plain / shared")
     ax1.plot(xs, [r["flops"]["plain"] / r["flops"]["shared"] for r in results], ":", marker="^",
              label="forward FLOPs: plain / shared")
-    ax1.axhline(TARGETS["time"], color="grey", lw=0.8, ls="--")
+    ax1.axhline(TARGETS["time"], color="grey", lw=0.8, ls="--", label=f"time target ({TARGETS['time']:.0f}x)")
     ax1.set_xscale("log", base=2)
     ax1.set_xticks(xs, [str(x) for x in xs])
     ax1.set_xlabel("prefix tokens (image + prompt)")
@@ -285,10 +285,12 @@ def plot(results: list[dict[str, Any]]) -> str:
         ax2.plot(xs, [summarise(r["pair"][key])["median"] for r in results], marker="o", label=arm)
     ax2.set_xscale("log", base=2)
     ax2.set_yscale("log")
+    ax2.yaxis.set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
+    ax2.yaxis.set_minor_formatter(plt.matplotlib.ticker.FormatStrFormatter("%.1f"))
     ax2.set_xticks(xs, [str(x) for x in xs])
     ax2.set_xlabel("prefix tokens")
-    ax2.set_ylabel("seconds per forward+backward (this machine)")
-    ax2.set_title("raw times (median)")
+    ax2.set_ylabel("seconds (this machine)")
+    ax2.set_title("raw: seconds per forward+backward (median)")
     ax2.legend(fontsize=8)
     return save_plot(fig, "vlm_prefix").name
 

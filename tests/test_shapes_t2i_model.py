@@ -206,7 +206,6 @@ def test_shipped_accuracy_band_on_test_prompts(shipped):
     strict = score(list(imgs), prompts, mode="strict")
     partial = score(list(imgs), prompts, mode="partial")
     single = strict[:16].mean()
-    # measured on this fixed sample: see assets/README.md; bounds sit a little below / above it
     assert single >= SINGLE_LOWER, f"single-object strict {single:.3f} fell below {SINGLE_LOWER}"
     assert strict.mean() < STRICT_UPPER, f"the base model must leave room for RL (strict < {STRICT_UPPER})"
     assert partial.mean() >= PARTIAL_LOWER, f"partial {partial.mean():.3f} fell below {PARTIAL_LOWER}"

@@ -13,8 +13,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipelines.shapes.scenes import CATEGORIES, COLORS, NUMBER_WORDS, SHAPES, SIZE_RANGE, list_prompts
-from pipelines.shapes.scenes import ground_truth_scenes, split_of
+from pipelines.shapes.scenes import (
+    CATEGORIES,
+    COLORS,
+    NUMBER_WORDS,
+    SHAPES,
+    SIZE_RANGE,
+    ground_truth_scenes,
+    list_prompts,
+    split_of,
+)
 from pipelines.shapes.verifier import category_report
 
 MODEL_FILE = "shapes_t2i.json"
@@ -336,16 +344,24 @@ def pretrain(
     params = list(transformer.parameters()) + list(text_encoder.parameters())
     ema = [p.detach().clone() for p in params]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.01)
-    config = dict(
-        space="pixel", latent="image in [-1, 1], channels RGB, no VAE", resolution=resolution,
-        prompt_format="ShapesWorld prompt, e.g. 'a red circle left of a blue square'; '' is the CFG null prompt",
-        prompt_embeds="text_encoder last_hidden_state [B, 16, D] (padded to 16 tokens)",
-        pooled_projections="text_encoder text_embeds [B, P]", timestep="sigma * 1000 (FlowMatchEuler convention)",
-        prediction="velocity = noise - x0", shift=shift, guidance_scale=guidance_scale, seed=seed,
-        train=dict(minutes=minutes, patch_size=patch_size, width=width, depth=depth, batch_size=batch_size, lr=lr,
-                   ema_decay=ema_decay, sigma_scheme=sigma_scheme, cond_dropout=cond_dropout,
-                   big_objects=big_objects, single_frac=single_frac),
-    )
+    config = {
+        "space": "pixel",
+        "latent": "image in [-1, 1], channels RGB, no VAE",
+        "resolution": resolution,
+        "prompt_format": "ShapesWorld prompt, e.g. 'a red circle left of a blue square'; '' is the CFG null prompt",
+        "prompt_embeds": "text_encoder last_hidden_state [B, 16, D] (padded to 16 tokens)",
+        "pooled_projections": "text_encoder text_embeds [B, P]",
+        "timestep": "sigma * 1000 (FlowMatchEuler convention)",
+        "prediction": "velocity = noise - x0",
+        "shift": shift,
+        "guidance_scale": guidance_scale,
+        "seed": seed,
+        "train": {
+            "minutes": minutes, "patch_size": patch_size, "width": width, "depth": depth, "batch_size": batch_size,
+            "lr": lr, "ema_decay": ema_decay, "sigma_scheme": sigma_scheme, "cond_dropout": cond_dropout,
+            "big_objects": big_objects, "single_frac": single_frac,
+        },
+    }
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift)
     model = ShapesT2I(transformer, text_encoder, tokenizer, scheduler, config)
     t0 = time.time()
@@ -404,7 +420,7 @@ def _save_ema(model: ShapesT2I, params, ema, out: Path, log: list[float], step: 
         for p, v in zip(params, live):
             p.copy_(v)
     curve = [round(float(np.mean(log[i : i + 100])), 5) for i in range(0, len(log), 100)]
-    (out / "train_log.json").write_text(json.dumps(dict(steps=step, loss_per_100_steps=curve)) + "\n")
+    (out / "train_log.json").write_text(json.dumps({"steps": step, "loss_per_100_steps": curve}) + "\n")
     print(f"saved EMA weights at step {step} to {out}", flush=True)
 
 

@@ -1,0 +1,249 @@
+"""Scaling benchmark: seconds per training iteration as G, denoising steps, prefix length and video frames grow.
+
+Run: python bench/scaling.py [--quick]; writes bench/sections/scaling.md and bench/plots/scaling.png.
+"""
+
+import argparse
+import itertools
+import math
+import os
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch
+import yaml
+
+from bench.common import fit_slope, machine, md_table, now_utc, pyplot, save_plot, summarise, write_section
+
+
+def sweep(fns: dict[int, Callable[[], Any]], *, rounds: int, warmup: int = 1) -> dict[int, list[float]]:
+    """Seconds per call of each point, the points run round-robin (forward, then reversed, ...) so that drift of the
+    machine hits every point alike; warm-up rounds first, not counted."""
+    keys = list(fns)
+    times: dict[int, list[float]] = {k: [] for k in keys}
+    for i in range(warmup + rounds):
+        for k in keys if i % 2 == 0 else keys[::-1]:
+            t0 = time.perf_counter()
+            fns[k]()
+            if i >= warmup:
+                times[k].append(time.perf_counter() - t0)
+    return times
+
+
+def loglog(times: dict[int, list[float]]) -> dict[str, Any]:
+    """Medians, the least-squares slope of log(seconds) on log(x), and the slope between consecutive points."""
+    xs = sorted(times)
+    med = {x: summarise(times[x])["median"] for x in xs}
+    pts = [(math.log(x), math.log(med[x])) for x in xs]
+    local = [(b[1] - a[1]) / (b[0] - a[0]) for a, b in itertools.pairwise(pts)]
+    return {"xs": xs, "median": med, "min": {x: min(times[x]) for x in xs}, "max": {x: max(times[x]) for x in xs},
+            "slope": fit_slope(pts), "local": local}
+
+
+# ---- the four axes
+
+
+def axis_steps(tmp: Path, steps: list[int], rounds: int) -> dict[int, list[float]]:
+    """Flow pipeline (tiny random SD3 of bench/flow.py), independent rollouts, one full iteration per call."""
+    from bench.flow import PROMPTS, Arm, bench_model, make_run, register_brightness
+
+    model = bench_model(64, 2)
+    arms = {}
+    for t in steps:
+        setting = {"prompts": PROMPTS, "steps": t, "group": 8, "prompts_per_iter": 1, "lora_rank": 0, "lr": 1e-3,
+                   "reward": register_brightness()}
+        arms[t] = Arm(f"steps {t}", make_run(tmp / f"flow_{t}", model, plan="independent",
+                                             plan_kwargs={"train": "all"}, setting=setting, seed=0))
+    return sweep({t: a.iterate for t, a in arms.items()}, rounds=rounds)
+
+
+def axis_group(tmp: Path, groups: list[int], rounds: int, hidden: int, layers: int) -> dict[int, list[float]]:
+    """VLM pipeline, one prompt per iteration, G completions of at most 32 tokens; one full iteration per call."""
+    from bench.vlm_prefix import bench_vlm
+    from bench.vlm_vs_trl import MmgrpoIter, mmgrpo_arm
+
+    model = bench_vlm(hidden, layers)
+    iters = {}
+    for g in groups:
+        s = {"prompts": 1, "group": g, "max_new_tokens": 32, "resolution": 224, "lr": 1e-5, "prefix_sharing": "auto"}
+        iters[g] = MmgrpoIter(mmgrpo_arm(tmp / f"vlm_g{g}", model, s))
+    return sweep(iters, rounds=rounds)
+
+
+def axis_prefix(prefixes: list[int], rounds: int, hidden: int, layers: int) -> dict[int, list[float]]:
+    """VLM update only: prefix-shared forward+backward of G = 8 completions of 128 tokens after a P-token prompt."""
+    from bench.vlm_prefix import Case, bench_vlm, load
+
+    proc, model = load(bench_vlm(hidden, layers))
+    cases = {p: Case(model, proc, p) for p in prefixes}
+    return sweep({p: (lambda c=c: c.step(True)) for p, c in cases.items()}, rounds=rounds)
+
+
+def video_run(out_dir: Path, model: str, frames: int):
+    from bench.vlm_vs_trl import register_reward
+    from mmgrpo.config import load_config
+    from mmgrpo.setup import setup
+
+    tree = {
+        "run": {"output_dir": str(out_dir), "seed": 0, "steps": 10_000, "checkpoint_every": 0, "resume": "never",
+                "progress": False, "report": False, "log_every": 10_000},
+        "pipeline": {"name": "video", "kwargs": {
+            "model": model, "data": "shapes_video", "train_size": 1, "eval_size": 1, "shapes_frames": 32,
+            "shapes_resolution": 224, "num_frames": frames, "min_frames": 1, "max_frames": 64, "lora_rank": 0,
+            "max_new_tokens": 32, "stop": None, "reference": "none"}},
+        "sample": {"batch_size": 8, "group_size": 8},
+        "algo": {"advantage": "grpo", "loss": "clipped", "loss_kwargs": {"clip_low": 0.2, "clip_high": 0.2},
+                 "micro_batch_size": 8, "kl_coef": 0.0},
+        "optim": {"lr": 1e-5, "grad_clip": 1.0},
+        "rewards": [{"name": register_reward(), "weight": 1.0}],
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "bench.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
+    return setup(load_config(out_dir / "bench.yaml"))
+
+
+def axis_frames(tmp: Path, frames: list[int], rounds: int, hidden: int, layers: int) -> dict[int, list[float]]:
+    """Video pipeline (ShapesWorld video, 224 px frames), G = 8, one full iteration per call."""
+    from bench.vlm_prefix import bench_vlm
+    from bench.vlm_vs_trl import MmgrpoIter
+
+    model = bench_vlm(hidden, layers)
+    return sweep({f: MmgrpoIter(video_run(tmp / f"video_f{f}", model, f)) for f in frames}, rounds=rounds)
+
+
+# ---- the section
+
+
+EXPECT = {
+    "G": ("linear: G completions sampled and trained; the prefix-shared row grows by one completion per sample, so its "
+          "dense attention adds a G^2 term that shows once the completions outweigh the prefix"),
+    "denoising steps": "linear: one transformer evaluation per step and sample, in the rollout and in the update",
+    "prefix length": ("linear in the MLP and projections, quadratic in attention: the prefix attends to itself"),
+    "frames": "linear in the vision tower and the projections per frame token, quadratic in attention",
+}
+
+
+def plot(axes: dict[str, dict[str, Any]]) -> str:
+    plt = pyplot()
+    fig, subs = plt.subplots(1, len(axes), figsize=(3.6 * len(axes), 3.4), squeeze=False,
+                             gridspec_kw={"wspace": 0.4})
+    for ax, (name, a) in zip(subs[0], axes.items()):
+        xs = a["fit"]["xs"]
+        med = [a["fit"]["median"][x] for x in xs]
+        err = [[m - a["fit"]["min"][x] for x, m in zip(xs, med)], [a["fit"]["max"][x] - m for x, m in zip(xs, med)]]
+        ax.errorbar(xs, med, yerr=err, marker="o", capsize=3, label="measured (median, min-max)")
+        k = a["fit"]["slope"]
+        x0, y0 = xs[0], med[0]
+        ax.plot(xs, [y0 * (x / x0) for x in xs], ":", color="grey", label="slope 1 (linear)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.yaxis.set_major_formatter(plt.matplotlib.ticker.ScalarFormatter())
+        ax.yaxis.set_minor_formatter(plt.matplotlib.ticker.FormatStrFormatter("%.1f"))
+        ax.set_xlabel(name)
+        ax.set_title(f"{name}: fitted slope {k:.2f}", fontsize=10)
+        ax.legend(fontsize=7)
+    subs[0][0].set_ylabel("seconds per call (this machine)")
+    return save_plot(fig, "scaling").name
+
+
+def section(axes: dict[str, dict[str, Any]], failed: dict[str, str], *, cmd: str, seconds: float, model: str) -> str:
+    rows = []
+    for name, a in axes.items():
+        f = a["fit"]
+        rel = " : ".join(f"{f['median'][x] / f['median'][f['xs'][0]]:.2f}" for x in f["xs"])
+        rows.append([name, a["what"], ", ".join(map(str, f["xs"])), rel, f"{f['slope']:.2f}",
+                     ", ".join(f"{s:.2f}" for s in f["local"]), EXPECT[name]])
+    lines = [
+        "## Scaling: seconds per iteration as G, denoising steps, prefix length and frames grow", "",
+        f"`{cmd}`, {now_utc()}, {seconds:.0f} s. Machine: {machine()}.", "",
+        (f"Each axis varies one quantity and keeps the rest fixed; the points of an axis run round-robin (forward, "
+         f"then reversed) after a warm-up round, so the machine's drift hits them alike. The figures are ratios to the "
+         f"axis's first point and the slope of log(seconds) on log(x) (1 = linear, 2 = quadratic). VLM axes: {model}; "
+         f"flow axis: the tiny random SD3 of bench/flow.py (width 64, 2 layers, 32x32 px, G = 8)."), "",
+        md_table(["axis", "what one call is", "points", "seconds relative to the first point (median)",
+                  "fitted log-log slope", "slope between consecutive points", "what the algorithm costs"], rows), "",
+    ]
+    if failed:
+        lines += ["Not measured in this run: " + "; ".join(f"{k} ({v})" for k, v in failed.items()) + ".", ""]
+    if axes:
+        lines += [f"Plot: ![scaling.png](plots/{plot(axes)})", ""]
+    lines += ["### Reading (issue 9: no superlinear term where the algorithm is linear)", "", verdict(axes)]
+    return "\n".join(lines)
+
+
+def verdict(axes: dict[str, dict[str, Any]]) -> str:
+    out = []
+    for name, a in axes.items():
+        k, last = a["fit"]["slope"], a["fit"]["local"][-1]
+        head = f"- {name}: fitted slope {k:.2f}, {last:.2f} over the last doubling: "
+        if last <= 1.15:
+            out.append(head + "no superlinear term over this range (below 1 where fixed per-iteration costs, such as "
+                       "the parts that do not grow with this axis, still weigh).")
+        elif name == "denoising steps":
+            out.append(head + "superlinear where the algorithm is linear: a defect to profile.")
+        elif name == "G":
+            out.append(head + "superlinear: the prefix-shared row (prefix + G completions) is attended densely, so its "
+                       "attention grows as G^2; grouped attention (prefix once, each completion over the prefix and "
+                       "itself) would make it linear (see the prefix benchmark).")
+        else:
+            out.append(head + "superlinear: attention over the sequence is quadratic in its length, which is the "
+                       "model's own cost here, with the dense block mask adding to it (see the prefix benchmark).")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer, smaller points: a smoke run of the script")
+    ap.add_argument("--rounds", type=int, default=None)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(1)  # one thread: the machine is shared, and ratios are steadier
+    if hasattr(os, "nice") and os.nice(0) < 10:
+        os.nice(10 - os.nice(0))
+    from bench.flow import quiet
+
+    quiet()
+    t_start = time.perf_counter()
+    rounds = args.rounds or (1 if args.quick else 3)
+    hidden, layers = (128, 2) if args.quick else (256, 4)
+    q = args.quick
+    plan = {
+        "G": ("full VLM iteration (1 prompt, <= 32 new tokens)",
+              lambda tmp: axis_group(tmp, [2, 4] if q else [2, 4, 8, 16], rounds, hidden, layers)),
+        "denoising steps": ("full flow iteration (G = 8)",
+                            lambda tmp: axis_steps(tmp, [4, 8] if q else [4, 8, 16, 32], rounds)),
+        "prefix length": ("VLM update: shared forward+backward, G = 8, 128-token completions",
+                          lambda tmp: axis_prefix([256, 512] if q else [256, 512, 1024, 2048], rounds, hidden, layers)),
+        "frames": ("full video iteration (G = 8, 224 px frames)",
+                   lambda tmp: axis_frames(tmp, [2, 4] if q else [2, 4, 8, 16], rounds, hidden, layers)),
+    }
+    axes, failed = {}, {}
+    with tempfile.TemporaryDirectory(prefix="bench_scaling_") as tmp:
+        for name, (what, fn) in plan.items():
+            try:
+                axes[name] = {"what": what, "fit": loglog(fn(Path(tmp)))}
+                print(f"{name}: slope {axes[name]['fit']['slope']:.2f}", flush=True)
+            except Exception as err:  # noqa: BLE001 - one broken pipeline must not hide the other axes
+                traceback.print_exc()
+                failed[name] = f"{type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}"
+    cmd = f"python bench/scaling.py{' --quick' if q else ''}"
+    model = (f"the random Qwen2-VL of the prefix benchmark (text hidden {hidden}, {layers} layers, float32, SDPA, "
+             f"full fine-tuning)")
+    md = section(axes, failed, cmd=cmd, seconds=time.perf_counter() - t_start, model=model)
+    path = write_section("scaling", md)
+    print(md)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()
