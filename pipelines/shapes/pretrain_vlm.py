@@ -1,0 +1,350 @@
+"""Tiny ShapesWorld VLMs: a Qwen2-VL trained by supervised fine-tuning on ShapesWorld VQA (`--task vqa`) or on
+ShapesWorld video temporal grounding (`--task grounding`), answering `<think>...</think><answer>...</answer>`.
+
+Prompts are built by the RL policies' own `encode` (pipelines/vlm/policy.py, pipelines/video/policy.py) with the
+default instruction, so the model is trained on exactly the inputs GRPO rollouts later give it. Loss: token-mean
+cross-entropy on the completion (+ <|im_end|>) only; the shipped weights are the EMA with the best validation score.
+
+Run: nice -n 10 python -m pipelines.shapes.pretrain_vlm --task vqa --out assets/shapes-vlm --minutes 45
+"""
+
+import argparse
+import copy
+import json
+import math
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+THINK = {
+    "count": "Count them.",
+    "color": "Find it.",
+    "shape": "Find it.",
+    "existence": "Search.",
+    "position": "Compare.",
+    "arithmetic": "Count, sum.",
+}
+"""the fixed reasoning text per VQA question type: short, so every completion fits the recipes' max_new_tokens=24"""
+GROUNDING_TEMPLATE = "<think>Find the event.</think><answer>{start:.2f} to {end:.2f}</answer>"
+"""31 tokens with the byte-level tokenizer (tags are one token each): fits configs/video's max_new_tokens=32"""
+TASKS = ("vqa", "grounding")
+VIDEO_FRAMES = dict(num_frames=8, shapes_frames=24, shapes_resolution=64)
+"""the frame settings of configs/video/shapes_grounding.yaml (8 of 24 frames at 4 fps, 64 px)"""
+
+
+# ----- model
+def build_model(task: str, *, hidden: int = 128, layers: int = 4, vision_dim: int = 96, vision_depth: int = 3,
+                pixels: int = 112 * 112, seed: int = 0):
+    """A randomly initialised Qwen2-VL + Qwen2VLProcessor with the byte-level tokenizer of pipelines/vlm/tiny.py.
+
+    pixels fixes min_pixels = max_pixels: a 32 px image (or 64 px frame) is resized to 112 x 112, i.e. 8 x 8
+    patches of 14 px merged 2 x 2 into 16 visual tokens per image (per 2 frames for video).
+    """
+    import tempfile
+
+    from transformers import AutoModelForImageTextToText, Qwen2VLConfig
+
+    from pipelines.vlm.tiny import SPECIALS, _processor, qwen_tokenizer
+
+    with tempfile.TemporaryDirectory() as src:
+        tok = qwen_tokenizer(src)
+    ids = {name: tok.convert_tokens_to_ids(name) for name in SPECIALS}
+    heads = hidden // 32
+    quarter = 32 // 2 // 4  # M-RoPE sections (t, h, w) sum to head_dim / 2 = 16
+    text = {"vocab_size": len(tok), "hidden_size": hidden, "intermediate_size": 4 * hidden,
+            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": heads,
+            "max_position_embeddings": 2048, "tie_word_embeddings": False,
+            "rope_parameters": {"rope_type": "default", "mrope_section": [2 * quarter, quarter, quarter],
+                                "rope_theta": 1e4},
+            "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"],
+            "pad_token_id": ids["<|endoftext|>"]}
+    vision = {"depth": vision_depth, "embed_dim": vision_dim, "hidden_size": hidden, "num_heads": vision_dim // 32,
+              "mlp_ratio": 4, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3}
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False,
+                           image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                           vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForImageTextToText.from_config(config)
+    model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
+    model.generation_config.pad_token_id = ids["<|endoftext|>"]
+    return model, _processor("qwen2_vl", tok, min_pixels=pixels, max_pixels=pixels)
+
+
+def encoder(task: str, processor) -> Any:
+    """The rollout policy's `encode(record)` with its default settings, bound to `processor` (no model needed)."""
+    if task == "vqa":
+        from pipelines.vlm.build import FORMAT_INSTRUCTION
+        from pipelines.vlm.policy import VLMPolicy as cls
+    else:
+        from pipelines.video.build import FORMAT_INSTRUCTION
+        from pipelines.video.policy import FrameSettings, VideoPolicy as cls
+    ns = SimpleNamespace(processor=processor, device=torch.device("cpu"),
+                         s=SimpleNamespace(instruction=FORMAT_INSTRUCTION, system_prompt=None))
+    if task == "grounding":
+        ns.frames, ns.m = FrameSettings(num_frames=VIDEO_FRAMES["num_frames"]), SimpleNamespace(augment_noise=0.0)
+    return lambda record: cls.encode(ns, record)
+
+
+# ----- data
+def target_text(task: str, record: dict[str, Any]) -> str:
+    """The SFT completion: a fixed think text per question type, then the answer (VQA) or the span (grounding)."""
+    if task == "vqa":
+        return f"<think>{THINK[record['category']]}</think><answer>{record['answers']}</answer>"
+    start, end = record["spans"]
+    return GROUNDING_TEMPLATE.format(start=float(start), end=float(end))
+
+
+def records(task: str, split: str, n: int, *, seed: int) -> list[dict[str, Any]]:
+    """`n` records of `split` exactly as the pipelines build them (VQA at 32 px; grounding clips cached as mp4)."""
+    if task == "vqa":
+        from pipelines.vlm.data import shapes_vqa_records
+
+        return shapes_vqa_records(split, n, seed=seed, resolution=32)
+    from pipelines.video.data import shapes_video_records
+
+    return shapes_video_records(split, n, seed=seed, types=("grounding",), num_frames=VIDEO_FRAMES["shapes_frames"],
+                                resolution=VIDEO_FRAMES["shapes_resolution"])
+
+
+def example(task: str, encode, tok, record: dict[str, Any]) -> dict[str, Tensor]:
+    """One training example: the prompt's processor tensors plus `completion` ids (target + <|im_end|>)."""
+    enc = {k: v for k, v in encode(record).items() if not k.startswith("_")}
+    ids = tok(target_text(task, record), add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids(
+        "<|im_end|>")]
+    enc["completion"] = torch.tensor(ids)
+    return enc
+
+
+def collate(batch: list[dict[str, Tensor]], pad_id: int) -> tuple[dict[str, Tensor], Tensor]:
+    """Right-padded model inputs for prompt + completion and the labels [B, L] (-100 outside completions)."""
+    seqs = [torch.cat([b["input_ids"][0], b["completion"]]) for b in batch]
+    length = max(len(s) for s in seqs)
+    ids = torch.full((len(batch), length), pad_id, dtype=torch.long)  # [B, L]
+    labels = torch.full((len(batch), length), -100, dtype=torch.long)  # [B, L]
+    mask = torch.zeros((len(batch), length), dtype=torch.long)  # [B, L]
+    types = torch.zeros((len(batch), length), dtype=torch.long)  # [B, L] M-RoPE: which tokens are image/video
+    for i, (s, b) in enumerate(zip(seqs, batch)):
+        p = b["input_ids"].shape[1]
+        ids[i, : len(s)], mask[i, : len(s)] = s, 1
+        labels[i, p: len(s)] = b["completion"]
+        if "mm_token_type_ids" in b:
+            types[i, :p] = b["mm_token_type_ids"][0]
+    inputs = {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": types}
+    for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
+        if key in batch[0]:
+            inputs[key] = torch.cat([b[key] for b in batch])
+    return inputs, labels
+
+
+def sft_loss(model: nn.Module, inputs: dict[str, Tensor], labels: Tensor) -> Tensor:
+    """Token-mean cross-entropy of the completion tokens: -mean_t log p(y_t | prompt, y_<t)."""
+    logits = model(**inputs).logits[:, :-1]  # [B, L-1, V]
+    target = labels[:, 1:]  # [B, L-1]
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
+                                       ignore_index=-100)
+
+
+# ----- evaluation
+@torch.no_grad()
+def predict(model: nn.Module, encode, tok, recs: list[dict[str, Any]], *, max_new_tokens: int) -> list[str]:
+    """Greedy completions (decoded without special tokens), one prompt at a time, as the pipelines' rollouts."""
+    model.eval()
+    out = []
+    for rec in recs:
+        enc = {k: v for k, v in encode(rec).items() if not k.startswith("_")}
+        seq = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, stop_strings=None,
+                             pad_token_id=tok.pad_token_id)
+        out.append(tok.decode(seq[0, enc["input_ids"].shape[1]:].tolist(), skip_special_tokens=True))
+    return out
+
+
+def score(task: str, texts: list[str], recs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Per-category means of the pipelines' rewards: format (strict) and accuracy (VQA) or temporal IoU + R@0.5."""
+    import rewards
+
+    fmt = rewards.load("format", mode="strict")([t for t in texts], prompts=None).tolist()
+    if task == "vqa":
+        main = {"accuracy": rewards.load("accuracy")(texts, prompts=None, answers=[r["answers"] for r in recs])}
+    else:
+        iou = rewards.load("temporal_iou")(texts, prompts=None, spans=[r["spans"] for r in recs])
+        main = {"miou": iou, "r@0.5": (torch.as_tensor(iou) >= 0.5).float()}
+    cols = {"format": fmt, **{k: torch.as_tensor(v).tolist() for k, v in main.items()}}
+    table: dict[str, dict[str, float]] = {}
+    for cat in ["all"] + sorted({str(r.get("category", "all")) for r in recs}):
+        idx = [i for i, r in enumerate(recs) if cat == "all" or str(r.get("category")) == cat]
+        if task == "grounding" and cat != "all":  # split grounding queries into "move" and "visible"
+            continue
+        table[cat] = {k: sum(v[i] for i in idx) / len(idx) for k, v in cols.items()} | {"n": len(idx)}
+    if task == "grounding":
+        for kind in ("move", "visible"):
+            idx = [i for i, r in enumerate(recs) if kind in r["question"]]
+            if idx:
+                table[kind] = {k: sum(v[i] for i in idx) / len(idx) for k, v in cols.items()} | {"n": len(idx)}
+    return table
+
+
+def evaluate(path_or_model, task: str, split: str = "test", n: int = 200, *, seed: int = 0,
+             processor=None) -> dict[str, dict[str, float]]:
+    """Greedy per-category scores of a saved folder (or a model + processor) on `n` fixed records of `split`."""
+    if isinstance(path_or_model, str | Path):
+        from transformers import AutoModelForImageTextToText, AutoProcessor
+
+        processor = AutoProcessor.from_pretrained(path_or_model)
+        model = AutoModelForImageTextToText.from_pretrained(path_or_model)
+    else:
+        model = path_or_model
+    recs = records(task, split, n, seed=seed)
+    texts = predict(model, encoder(task, processor), processor.tokenizer, recs,
+                    max_new_tokens=24 if task == "vqa" else 32)
+    return score(task, texts, recs)
+
+
+def format_table(table: dict[str, dict[str, float]]) -> str:
+    cols = [c for c in next(iter(table.values())) if c != "n"]
+    lines = [f"{'category':<12}{'n':>5}" + "".join(f"{c:>10}" for c in cols)]
+    lines += [f"{cat:<12}{int(row['n']):>5}" + "".join(f"{row[c]:>10.3f}" for c in cols) for cat, row in table.items()]
+    return "\n".join(lines)
+
+
+# ----- training
+def train_stream(task: str, *, seed: int, chunk: int = 512, pool: int = 2048):
+    """Endless training records: fresh VQA chunks of the train split (new seed each), or a cycled pool of clips."""
+    import random
+
+    if task == "grounding":
+        recs = records(task, "train", pool, seed=seed)
+        rng = random.Random(seed)
+        while True:
+            rng.shuffle(recs)
+            yield from recs
+    k = 0
+    while True:
+        yield from records(task, "train", chunk, seed=1000 * (seed + 1) + k)
+        k += 1
+
+
+def main_metric(task: str, table: dict[str, dict[str, float]]) -> float:
+    return table["all"]["accuracy" if task == "vqa" else "miou"]
+
+
+def save(model: nn.Module, processor, out: Path, info: dict[str, Any]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    (out / "train_log.json").write_text(json.dumps(info, indent=1))
+
+
+def train(args) -> dict[str, Any]:
+    """SFT for args.minutes of wall time; every args.eval_minutes the EMA model is scored on a fixed val sample and
+    saved to args.out when it is the best so far (and, with --ceiling, not above the band's ceiling)."""
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    model, processor = build_model(args.task, hidden=args.hidden, layers=args.layers, vision_dim=args.vision_dim,
+                                   vision_depth=args.vision_depth, pixels=args.pixels, seed=args.seed)
+    tok = processor.tokenizer
+    encode = encoder(args.task, processor)
+    ema = copy.deepcopy(model).requires_grad_(False)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
+    val = records(args.task, "val", args.val_n, seed=0)
+    stream = train_stream(args.task, seed=args.seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    info: dict[str, Any] = {"args": vars(args), "params": n_params, "losses": [], "evals": [], "best": None}
+    print(f"{args.task}: {n_params:,} parameters", flush=True)
+    t0, last_eval, step, run_loss = time.time(), time.time(), 0, []
+    budget = 60 * args.minutes
+    while True:
+        elapsed = time.time() - t0
+        done = elapsed >= budget
+        if done or time.time() - last_eval >= 60 * args.eval_minutes:
+            table = score_model(ema, processor, encode, args.task, val)
+            metric = main_metric(args.task, table)
+            ok = args.ceiling is None or metric <= args.ceiling
+            info["evals"].append({"step": step, "minutes": round(elapsed / 60, 2), "val": table})
+            print(f"step {step} ({elapsed / 60:.1f} min) val {metric:.3f} format {table['all']['format']:.3f}",
+                  flush=True)
+            if ok and (info["best"] is None or metric > info["best"]["val"]):
+                info["best"] = {"step": step, "minutes": round(elapsed / 60, 2), "val": metric}
+                save(ema, processor, Path(args.out), info)
+            last_eval = time.time()
+            if done:
+                break
+        lr = args.lr * min(1.0, (step + 1) / args.warmup)
+        lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(elapsed / budget, 1.0)))  # cosine to 10% over the budget
+        for group in opt.param_groups:
+            group["lr"] = lr
+        model.train()
+        inputs, labels = collate([example(args.task, encode, tok, next(stream)) for _ in range(args.batch)],
+                                 tok.pad_token_id)
+        loss = sft_loss(model, inputs, labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        decay = min(args.ema, (1 + step) / (10 + step))  # short warm-up so early evals are not of the init
+        with torch.no_grad():
+            for pe, pm in zip(ema.parameters(), model.parameters()):
+                pe.lerp_(pm, 1 - decay)
+        step += 1
+        run_loss.append(float(loss.detach()))
+        if step % 25 == 0:
+            info["losses"].append({"step": step, "minutes": round((time.time() - t0) / 60, 2),
+                                   "loss": sum(run_loss) / len(run_loss)})
+            print(f"step {step} loss {info['losses'][-1]['loss']:.4f} lr {lr:.2e} "
+                  f"({(time.time() - t0) / step:.2f} s/step)", flush=True)
+            run_loss = []
+    info["train_minutes"] = round((time.time() - t0) / 60, 1)
+    info["steps"] = step
+    if info["best"] is not None:
+        (Path(args.out) / "train_log.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def score_model(model, processor, encode, task: str, recs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    texts = predict(model, encode, processor.tokenizer, recs, max_new_tokens=24 if task == "vqa" else 32)
+    return score(task, texts, recs)
+
+
+def parse_args(argv: list[str] | None = None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=TASKS, required=True)
+    p.add_argument("--out", required=True, help="save_pretrained folder of the best EMA model")
+    p.add_argument("--minutes", type=float, default=45.0, help="training wall-clock budget")
+    p.add_argument("--eval-minutes", type=float, default=5.0, help="validation (and best-checkpoint) interval")
+    p.add_argument("--val-n", type=int, default=96)
+    p.add_argument("--test-n", type=int, default=300, help="test records for the final report (0: skip)")
+    p.add_argument("--ceiling", type=float, default=None,
+                   help="never keep a checkpoint whose val score is above this (leaves room for RL)")
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--ema", type=float, default=0.99)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--vision-dim", type=int, default=96)
+    p.add_argument("--vision-depth", type=int, default=3)
+    p.add_argument("--pixels", type=int, default=112 * 112)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    info = train(args)
+    print(f"trained {info['steps']} steps in {info['train_minutes']} min; best {info['best']}", flush=True)
+    if args.test_n and info["best"] is not None:
+        t = time.time()
+        table = evaluate(args.out, args.task, "test", args.test_n)
+        print(format_table(table), flush=True)
+        info["test"] = table
+        info["test_eval_seconds"] = round(time.time() - t, 1)
+        (Path(args.out) / "train_log.json").write_text(json.dumps(info, indent=1))
+
+
+if __name__ == "__main__":
+    main()
