@@ -202,13 +202,15 @@ def mc_grpo(
     eps: float = 1e-3,
     ddof: int = 1,
     exclude_pivot: bool = True,
+    rescale_nonzero: bool = False,
 ) -> Tensor:
     """Median-centred GRPO: reward minus its group median, scaled by the MAD; the median sample (pivot) gets 0.
 
     MC-GRPO arXiv:2601.22582 (roll out G + 1 so the group is odd; the pivot is left out of the loss).
     A_bg = (r_bg - med_b) / (S_b + eps), S_b = median_g |r_bg - med_b| ("mad"), group std ("std") or 1 with eps=0.
 
-    Defaults follow the authors' code (MAD + 1e-3). Caution: the MAD is 0 when over half a group ties (common with
+    Defaults follow the authors' code (MAD + 1e-3); their trainer also multiplies each group's non-zero advantages
+    by G / (their count) (`rescale_nonzero=True`). Caution: the MAD is 0 when over half a group ties (common with
     0/1 rewards), giving (r - med) / eps = +-1000; Adam absorbs that scale, a KL term does not: prefer scale="std" or
     "none" for binary rewards. Even G: median = mean of the two middle values, no pivot. Odd G: the pivot is the
     lowest-index sample equal to the median (exactly one); `loss_mask` drops it when `exclude_pivot`.
@@ -219,6 +221,8 @@ def mc_grpo(
         eps: added to S; must be > 0 with "mad" (the MAD is often 0).
         ddof: for scale="std" only.
         exclude_pivot: read by `loss_mask` only.
+        rescale_nonzero: multiply the group's non-zero advantages (samples not tied with the median) by G / their
+            count, as the authors' trainer does; all-equal groups stay 0.
 
     Returns:
         [B, G] float32 advantages.
@@ -228,15 +232,19 @@ def mc_grpo(
     _check_norm("group", eps, ddof)
     if scale == "mad" and eps <= 0:
         raise ValueError(f"eps={eps!r} must be > 0 with scale='mad': the MAD is 0 when over half a group ties")
-    if not isinstance(exclude_pivot, bool):
-        raise ValueError(f"exclude_pivot={exclude_pivot!r} must be True or False")
+    for arg, value in (("exclude_pivot", exclude_pivot), ("rescale_nonzero", rescale_nonzero)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{arg}={value!r} must be True or False")
     if r.shape[1] == 1:
         return _out(torch.zeros_like(r))
     med = _median(r)  # [B, 1]
     centred = r - med  # [B, G]; exactly 0 on samples equal to the median
+    if rescale_nonzero:
+        nonzero = (centred != 0).sum(-1, keepdim=True)  # [B, 1]
+        centred = centred * (r.shape[1] / nonzero.clamp_min(1))  # [B, G]
     if scale == "none":
         return _out(centred)
-    S = _median(centred.abs()) if scale == "mad" else r.std(-1, correction=ddof, keepdim=True)  # [B, 1]
+    S = _median((r - med).abs()) if scale == "mad" else r.std(-1, correction=ddof, keepdim=True)  # [B, 1]
     denom = torch.where(_flat(r), 1.0, S + eps)  # [B, 1]
     return _out(centred / denom)
 

@@ -348,7 +348,9 @@ def _k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return d.exp() - d - 1
 
 
-def kl(logp: Tensor, ref_logp: Tensor, kind: str, *, clamp: float | None = None) -> Tensor:
+def kl(
+    logp: Tensor, ref_logp: Tensor, kind: str, *, mask: Tensor | None = None, clamp: float | None = None
+) -> Tensor:
     """Per-element estimate of KL(pi_theta || pi_ref) from samples of pi_theta (Schulman's k1, k2, k3).
 
     Paper/blog: http://joschu.net/blog/kl-approx.html; k3 is what TRL (beta > 0) and verl/EasyR1 (low_var_kl) put
@@ -360,6 +362,9 @@ def kl(logp: Tensor, ref_logp: Tensor, kind: str, *, clamp: float | None = None)
         logp: [N, K] log-probs under the current policy.
         ref_logp: [N, K] log-probs under the reference policy.
         kind: "k1", "k2" or "k3".
+        mask: optional [N, K] bool or 0/1; masked elements give exactly 0 with zero gradient whatever logp or
+            ref_logp hold there (padding at -inf/NaN included). Without it, aggregate() still zeroes their value,
+            but the backward pass through exp(d) of such garbage gives 0 * inf = NaN gradients: pass the mask.
         clamp: None (exact), or c > 0: clamp d to +-20 and the estimate to [-c, c], as verl's low_var_kl does with
             c = 10 (guards against one token with a huge ratio; clamped elements get zero gradient).
 
@@ -374,6 +379,14 @@ def kl(logp: Tensor, ref_logp: Tensor, kind: str, *, clamp: float | None = None)
         raise ValueError(f"clamp must be > 0 or None, got {clamp}; verl uses 10")
     dtype = _float_dtype(logp)
     logp, ref_logp = logp.to(dtype), ref_logp.to(dtype)
+    if mask is not None:
+        if mask.shape != logp.shape:
+            raise ValueError(f"mask {tuple(mask.shape)} != logp {tuple(logp.shape)}: pass the [N, K] mask of the "
+                             f"policy loss")
+        valid = mask.bool()  # [N, K]
+        # replace both sides before the maths (d = 0 gives 0 for every kind); masking the result afterwards would
+        # still send 0 * inf = NaN gradients through exp() of the garbage
+        logp, ref_logp = torch.where(valid, logp, 0.0), torch.where(valid, ref_logp, 0.0)  # [N, K]
     if clamp is None:
         return fn(logp, ref_logp)
     d = (ref_logp - logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [N, K]
