@@ -71,16 +71,18 @@ def _hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() not in ("0", "", "false", "no", "off")
 
 
-def missing_model_message(model_id: str, reward: str, kwarg: str = "model") -> str:
+def missing_model_message(model_id: str, reward: str, kwarg: str = "model", *, file: bool = False) -> str:
     why = "the Hub is unreachable (HF_HUB_OFFLINE=1)" if _hub_offline() else "it could not be downloaded"
+    what, example = ("the downloaded file", "/path/to/" + model_id.rsplit("/", 1)[-1]) if file else (
+        "a local directory", "/path/to/dir")
     return (
-        f"model {model_id!r} is not in the local Hugging Face cache and {why}; download it elsewhere and pass a "
-        f'local directory: rewards.load({reward!r}, {kwarg}="/path/to/dir")'
+        f"model {model_id!r} is not in the local Hugging Face cache and {why}; download it elsewhere and pass "
+        f'{what}: rewards.load({reward!r}, {kwarg}="{example}")'
     )
 
 
 @contextlib.contextmanager
-def loading(model_id: str, reward: str, kwarg: str = "model") -> Iterator[None]:
+def loading(model_id: str, reward: str, kwarg: str = "model", *, file: bool = False) -> Iterator[None]:
     """Turn a hub miss inside the block into a one-line UserError naming the id and the local-path keyword."""
     try:
         yield
@@ -90,7 +92,7 @@ def loading(model_id: str, reward: str, kwarg: str = "model") -> Iterator[None]:
         # some loaders (AutoImageProcessor) drop the hub error and raise a generic OSError when offline
         if not (_is_offline_error(err) or (_hub_offline() and isinstance(err, OSError))):
             raise
-        raise UserError(missing_model_message(model_id, reward, kwarg)) from None
+        raise UserError(missing_model_message(model_id, reward, kwarg, file=file)) from None
 
 
 def hub_file(repo_or_path: str, filename: str, reward: str, kwarg: str) -> str:
@@ -104,5 +106,5 @@ def hub_file(repo_or_path: str, filename: str, reward: str, kwarg: str) -> str:
         return path
     from huggingface_hub import hf_hub_download
 
-    with loading(f"{repo_or_path}/{filename}", reward, kwarg):
+    with loading(f"{repo_or_path}/{filename}", reward, kwarg, file=True):
         return hf_hub_download(repo_or_path, filename)

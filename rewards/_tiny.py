@@ -95,7 +95,7 @@ def tiny_open_clip_checkpoint(path: str | os.PathLike, *, wrap: bool = True) -> 
     return str(path)
 
 
-def tiny_blip_imagereward(out_dir: str | os.PathLike) -> str:
+def tiny_blip_imagereward(out_dir: str | os.PathLike, *, width: int = 32, text_width: int = 24) -> str:
     """A random tiny BlipForImageTextRetrieval + BERT WordPiece tokenizer + MLP head, in ImageReward's dir format."""
     from transformers import BertTokenizer, BlipConfig, BlipForImageTextRetrieval
 
@@ -127,21 +127,21 @@ def tiny_blip_imagereward(out_dir: str | os.PathLike) -> str:
     tok = BertTokenizer(str(out / "vocab.txt"))
     cfg = BlipConfig(
         vision_config=dict(
-            hidden_size=32,
+            hidden_size=width,
             intermediate_size=37,
             num_hidden_layers=2,
-            num_attention_heads=2,
+            num_attention_heads=max(1, width // 64) if width % 64 == 0 else 2,
             image_size=32,
             patch_size=8,
             layer_norm_eps=1e-6,
         ),
         text_config=dict(
             vocab_size=len(tok),
-            hidden_size=24,
-            encoder_hidden_size=32,
+            hidden_size=text_width,
+            encoder_hidden_size=width,
             intermediate_size=37,
             num_hidden_layers=2,
-            num_attention_heads=2,
+            num_attention_heads=max(1, text_width // 64) if text_width % 64 == 0 else 2,
             max_position_embeddings=64,
             pad_token_id=0,
             bos_token_id=2,
@@ -150,8 +150,43 @@ def tiny_blip_imagereward(out_dir: str | os.PathLike) -> str:
     )
     torch.manual_seed(3)
     net = BlipForImageTextRetrieval(cfg).eval()
-    save_pretrained(str(out), net, tok, AestheticMLP(24))
+    save_pretrained(str(out), net, tok, AestheticMLP(text_width))
     return str(out)
+
+
+_VIS_TO_ORIGINAL = {
+    "layer_norm1": "norm1",
+    "layer_norm2": "norm2",
+    "self_attn.qkv": "attn.qkv",
+    "self_attn.projection": "attn.proj",
+    "mlp.fc1": "mlp.fc1",
+    "mlp.fc2": "mlp.fc2",
+}
+
+
+def original_imagereward_state_dict(ir_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """A saved transformers-format ImageReward dir as THUDM's ImageReward.pt names it (BLIP timm-ViT + BERT + mlp)."""
+    from transformers import BlipForImageTextRetrieval
+
+    from rewards.imagereward import HEAD_FILE
+
+    hf = BlipForImageTextRetrieval.from_pretrained(str(ir_dir)).state_dict()
+    out = {f"mlp.{k}": v for k, v in torch.load(Path(ir_dir) / HEAD_FILE, weights_only=True).items()}
+    emb = {"class_embedding": "cls_token", "position_embedding": "pos_embed"}
+    for key, value in hf.items():
+        if key.startswith("text_encoder."):
+            out["blip." + key] = value
+        elif key.startswith("vision_model.embeddings."):
+            leaf = key.rsplit(".", 1)[-1]
+            name = emb.get(leaf) or f"patch_embed.proj.{leaf}"
+            out["blip.visual_encoder." + name] = value
+        elif key.startswith("vision_model.post_layernorm."):
+            out["blip.visual_encoder.norm." + key.rsplit(".", 1)[-1]] = value
+        elif key.startswith("vision_model.encoder.layers."):
+            i, rest = key[len("vision_model.encoder.layers.") :].split(".", 1)
+            sub, leaf = rest.rsplit(".", 1)
+            out[f"blip.visual_encoder.blocks.{i}.{_VIS_TO_ORIGINAL[sub]}.{leaf}"] = value
+    return out
 
 
 def tiny_trocr(out_dir: str | os.PathLike) -> str:

@@ -70,12 +70,13 @@ class OpenClipReward(ClipReward):
         super().__init__(device=device, dtype=dtype, batch_size=batch_size, differentiable=differentiable)
         import open_clip
 
+        # fetch the checkpoint before building the model: offline, a missing file fails before a 1B-param init
+        path = None if checkpoint is None else hub_file(checkpoint, checkpoint_file, name, "checkpoint")
         with loading(model if pretrained is None else f"{model}:{pretrained}", name, "pretrained"):
             net, _, preprocess = open_clip.create_model_and_transforms(
                 model, pretrained=pretrained if checkpoint is None else None, device="cpu"
             )
-        if checkpoint is not None:
-            path = hub_file(checkpoint, checkpoint_file, name, "checkpoint")
+        if path is not None:
             state = torch.load(path, map_location="cpu", weights_only=True)
             net.load_state_dict(state.get("state_dict", state) if isinstance(state, dict) else state)
         self.model = net.to(self.device, self.dtype).eval().requires_grad_(False)
@@ -252,8 +253,8 @@ class Aesthetic(HFClipReward):
     needs_prompts = False
 
     def __init__(self, *, head: str, head_file: str, **kw):
+        path = hub_file(head, head_file, "aesthetic", "head")  # the small file first: offline, fail before CLIP-L
         super().__init__(name="aesthetic", **kw)
-        path = hub_file(head, head_file, "aesthetic", "head")
         mlp = AestheticMLP(self.model.config.projection_dim)
         mlp.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
         self.mlp = mlp.to(self.device, torch.float32).eval().requires_grad_(False)

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from mmgrpo.errors import UserError
 from rewards._hub import autocast, hub_file, loading, parse_device, parse_dtype
 from rewards._images import CLIP_MEAN, CLIP_STD, to_pil_list
 from rewards.api import REWARDS, Reward
@@ -19,30 +20,46 @@ IR_MEAN, IR_STD = 0.16717362830052426, 1.0333394966054072
 HEAD_FILE = "imagereward_head.pt"
 
 
-def original_config():
-    """The BLIP config of ImageReward-v1.0: ViT-L/16 at 224 px, BERT-base text encoder cross-attending width 1024."""
+def original_config(sd: dict[str, torch.Tensor] | None = None, *, head_dim: int = 64):
+    """The BLIP config of an ImageReward checkpoint: ViT-L/16 at 224 px + BERT-base cross-attending width 1024.
+
+    With `sd` (an original ImageReward.pt state dict) every size is read from the weight shapes, so fine-tuned or
+    smaller BLIP variants load too; heads = width / head_dim (64 in BLIP's ViT and BERT).
+    """
     from transformers import BlipConfig
 
-    return BlipConfig(
-        vision_config=dict(
-            hidden_size=1024,
-            intermediate_size=4096,
-            num_hidden_layers=24,
-            num_attention_heads=16,
-            image_size=224,
-            patch_size=16,
-            layer_norm_eps=1e-6,
-        ),
-        text_config=dict(
-            vocab_size=30524,
-            hidden_size=768,
-            encoder_hidden_size=1024,
-            intermediate_size=3072,
-            num_hidden_layers=12,
-            num_attention_heads=12,
-            max_position_embeddings=512,
-        ),
-    )
+    vision = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, image_size=224, patch_size=16)
+    text = dict(vocab_size=30524, hidden_size=768, encoder_hidden_size=1024, intermediate_size=3072,
+                num_hidden_layers=12, max_position_embeddings=512)
+    if sd is not None:
+        v, t = "blip.visual_encoder.", "blip.text_encoder."
+        patch = sd[v + "patch_embed.proj.weight"].shape[-1]
+        grid = round((sd[v + "pos_embed"].shape[1] - 1) ** 0.5)  # pos_embed [1, 1 + grid^2, D]
+        vision = dict(
+            hidden_size=sd[v + "cls_token"].shape[-1],
+            intermediate_size=sd[v + "blocks.0.mlp.fc1.weight"].shape[0],
+            num_hidden_layers=_count_blocks(sd, v + "blocks."),
+            image_size=grid * patch,
+            patch_size=patch,
+        )
+        words = sd[t + "embeddings.word_embeddings.weight"]  # [V, D]
+        text = dict(
+            vocab_size=words.shape[0],
+            hidden_size=words.shape[1],
+            encoder_hidden_size=sd[t + "encoder.layer.0.crossattention.self.key.weight"].shape[1],
+            intermediate_size=sd[t + "encoder.layer.0.intermediate.dense.weight"].shape[0],
+            num_hidden_layers=_count_blocks(sd, t + "encoder.layer."),
+            max_position_embeddings=sd[t + "embeddings.position_embeddings.weight"].shape[0],
+        )
+    for cfg in (vision, text):
+        if cfg["hidden_size"] % head_dim:
+            raise ValueError(f"width {cfg['hidden_size']} is not a multiple of head_dim={head_dim}")
+        cfg["num_attention_heads"] = cfg["hidden_size"] // head_dim
+    return BlipConfig(vision_config=dict(vision, layer_norm_eps=1e-6), text_config=text)
+
+
+def _count_blocks(sd: dict, prefix: str) -> int:
+    return len({k[len(prefix) :].split(".", 1)[0] for k in sd if k.startswith(prefix)})
 
 
 def convert_original_state_dict(sd: dict[str, torch.Tensor]) -> tuple[dict, dict]:
@@ -95,8 +112,11 @@ class ImageReward(Reward):
             tok_src = model if os.path.isfile(os.path.join(model, "tokenizer_config.json")) else tokenizer
         else:
             path = hub_file(model, "ImageReward.pt", "imagereward", "model")
-            blip_sd, head_sd = convert_original_state_dict(torch.load(path, map_location="cpu", weights_only=True))
-            net = BlipForImageTextRetrieval(original_config())
+            original = torch.load(path, map_location="cpu", weights_only=True)
+            if "blip.visual_encoder.cls_token" not in original:
+                raise UserError(f"model={model!r}: {path} is not an ImageReward checkpoint (no blip.visual_encoder.*)")
+            blip_sd, head_sd = convert_original_state_dict(original)
+            net = BlipForImageTextRetrieval(original_config(original))
             missing, _ = net.load_state_dict(blip_sd, strict=False)
             needed = [
                 k for k in missing if k.startswith(("vision_model.", "text_encoder.")) and "position_ids" not in k

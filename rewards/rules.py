@@ -94,12 +94,27 @@ def parse_number(s: str) -> Fraction | None:
 
 
 def _math_verify_equal(pred: str, gold: str, timeout: float) -> bool | None:
-    """math-verify's verdict, or None when the package is missing; signal timeouts work only in the main thread."""
+    """math-verify's verdict (False on timeout or error), or None when the package is missing or cannot parse.
+
+    math-verify times out with signal.alarm, which works only in the main thread; elsewhere (the reward server's
+    worker threads, async trainers) the call runs in a daemon thread and we stop waiting after `timeout` seconds.
+    """
     try:
         import math_verify
     except ImportError:
         return None
-    seconds = max(1, int(math.ceil(timeout))) if threading.current_thread() is threading.main_thread() else None
+    if threading.current_thread() is threading.main_thread():
+        return _math_verify_call(math_verify, pred, gold, max(1, int(math.ceil(timeout))))
+    box: list[bool | None] = []
+    worker = threading.Thread(
+        target=lambda: box.append(_math_verify_call(math_verify, pred, gold, None)), daemon=True, name="math-verify"
+    )
+    worker.start()
+    worker.join(timeout)
+    return box[0] if box else False  # a hostile answer that keeps sympy busy scores as not equal
+
+
+def _math_verify_call(math_verify, pred: str, gold: str, seconds: int | None) -> bool | None:
     try:
         g = math_verify.parse(gold, parsing_timeout=seconds)
         p = math_verify.parse(pred, parsing_timeout=seconds)

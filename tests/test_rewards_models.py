@@ -180,6 +180,22 @@ def test_imagereward_batched_matches_independent_loop(tiny, images):
     torch.testing.assert_close(got, torch.tensor(expect), atol=1e-4, rtol=1e-4)
 
 
+def test_imagereward_loads_the_original_checkpoint_format(tmp_path, images):
+    # the default load path: THUDM's ImageReward.pt (BLIP timm-ViT + BERT + mlp names) converted onto transformers'
+    # BLIP, with every size read from the weights. Width 64 = one 64-wide head, as BLIP's ViT-L (1024 = 16 x 64).
+    ir_dir = _tiny.tiny_blip_imagereward(tmp_path / "ir", width=64, text_width=64)
+    pt = tmp_path / "ImageReward.pt"
+    torch.save(_tiny.original_imagereward_state_dict(ir_dir), pt)
+    pils = [_pil(x) for x in images]
+    from_pt = rewards.load("imagereward", model=str(pt), tokenizer=ir_dir)
+    from_dir = rewards.load("imagereward", model=ir_dir)
+    assert from_pt.image_size == 32 and from_pt.vision.config.num_attention_heads == 1
+    torch.testing.assert_close(from_pt(pils, PROMPTS), from_dir(pils, PROMPTS), atol=1e-6, rtol=1e-6)
+    torch.save({"state_dict": {}}, tmp_path / "other.pt")
+    with pytest.raises(rewards.UserError, match="not an ImageReward checkpoint"):
+        rewards.load("imagereward", model=str(tmp_path / "other.pt"), tokenizer=ir_dir)
+
+
 def test_imagereward_original_checkpoint_conversion(tiny):
     from transformers import BlipForImageTextRetrieval
 
@@ -269,15 +285,21 @@ def test_video_model_hook():
         ("imagereward", {}, "THUDM/ImageReward/ImageReward.pt", "model"),
         ("ocr", {}, "microsoft/trocr-base-printed", "model"),
         ("clip_score", {}, "ViT-L-14:openai", "pretrained"),
+        ("hpsv2", {}, "xswu/HPSv2/HPS_v2.1_compressed.pt", "checkpoint"),
+        ("aesthetic", {}, "trl-lib/ddpo-aesthetic-predictor/aesthetic-model.pth", "head"),
+        ("aesthetic", {"head": "HEAD_FILE"}, "openai/clip-vit-large-patch14", "processor"),
     ],
 )
-def test_missing_model_offline_is_one_line(tiny, name, kwargs, model_id, kwarg):
-    kwargs = {k: (tiny["clip"] if v == "CLIP_DIR" else v) for k, v in kwargs.items()}
+def test_missing_model_offline_is_one_line(tiny, name, kwargs, model_id, kwarg, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    kwargs = {k: {"CLIP_DIR": tiny["clip"], "HEAD_FILE": tiny["head"]}.get(v, v) for k, v in kwargs.items()}
     with pytest.raises(rewards.UserError) as info:
         rewards.load(name, **kwargs)
     msg = str(info.value)
     assert "\n" not in msg and repr(model_id) in msg and "HF_HUB_OFFLINE=1" in msg
-    assert f'rewards.load({name!r}, {kwarg}="/path/to/dir")' in msg
+    # a single downloaded file (checkpoint, head, ImageReward.pt) is passed as a file path, a model as a directory
+    local = "/path/to/" + model_id.rsplit("/", 1)[-1] if model_id.endswith((".pt", ".pth")) else "/path/to/dir"
+    assert f'rewards.load({name!r}, {kwarg}="{local}")' in msg
 
 
 def test_shapes_geneval_wrapper():

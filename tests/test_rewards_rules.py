@@ -1,6 +1,7 @@
 """Rule rewards (rewards.rules and their registered wrappers) against hand-worked edge cases."""
 
 import math
+import threading
 
 import pytest
 import torch
@@ -88,6 +89,25 @@ def test_accuracy_math_verify_path_when_installed():
     pytest.importorskip("math_verify")
     assert rules.math_equal("\\frac{2}{4}", "$\\frac{1}{2}$")
     assert not rules.math_equal("\\frac{3}{4}", "$\\frac{1}{2}$")
+
+
+def test_math_verify_timeout_holds_outside_the_main_thread(monkeypatch):
+    # signal.alarm (math-verify's timeout) works only in the main thread; the reward server scores in worker
+    # threads. A verify that never returns must still give a verdict: the fallback comparison after `timeout`.
+    math_verify = pytest.importorskip("math_verify")
+    never = threading.Event()
+    monkeypatch.setattr(math_verify, "verify", lambda *a, **k: never.wait())  # blocks until the test ends
+    out = {}
+    worker = threading.Thread(
+        target=lambda: out.update(
+            same=rules.math_equal("\\frac{1}{2}", "0.5", timeout=0.05),  # fallback: 1/2 == 0.5 exactly
+            differ=rules.math_equal("\\frac{1}{3}", "0.5", timeout=0.05),
+        )
+    )
+    worker.start()
+    worker.join(60)  # a hang guard, not a timing check: without the timeout this join would never succeed
+    never.set()
+    assert not worker.is_alive() and out == {"same": True, "differ": False}
 
 
 # ---- multiple choice / numeric ------------------------------------------------------------------------------
