@@ -4,7 +4,18 @@
 """
 
 # importing each module registers its rewards; model libraries are imported only when a model reward loads
-from rewards import clip_family, compose, imagereward, jpeg, ocr, pairwise, rule_rewards, shapes, video  # noqa: F401
+from rewards import (  # noqa: F401
+    clip_family,
+    compose,
+    imagereward,
+    jpeg,
+    judge,
+    ocr,
+    pairwise,
+    rule_rewards,
+    shapes,
+    video,
+)
 from rewards.api import REWARDS, FunctionReward, Reward, RewardError, UserError, describe, info, load, names
 from rewards.compose import RewardSet, consistency_bonus, trust_weight
 

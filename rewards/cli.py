@@ -71,14 +71,25 @@ def cmd_score(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from rewards.server import make_server
 
+    from rewards.client import TOKEN_ENV
+
     names = [n.strip() for n in args.rewards.split(",") if n.strip()]
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.token:
+    token = args.token or os.environ.get(TOKEN_ENV) or None
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not token:
         print(
             f"warning: serving on {args.host} without --token: anyone on the network can use these models",
             file=sys.stderr,
         )
     try:
-        server = make_server(names, host=args.host, port=args.port, token=args.token, max_batch=args.max_batch)
+        server = make_server(
+            names,
+            host=args.host,
+            port=args.port,
+            token=token,
+            max_batch=args.max_batch,
+            device=args.device,
+            dtype=args.dtype,
+        )
     except ValueError as err:
         raise UserError(str(err)) from None
     except OSError as err:
@@ -111,6 +122,10 @@ def add_subcommands(subparsers) -> None:
     sv.add_argument("--rewards", required=True, help="comma-separated reward names, e.g. pickscore,clip_score")
     sv.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--token", default=None, help="require 'Authorization: Bearer TOKEN' on every request")
+    sv.add_argument(
+        "--token", default=None, help="require 'Authorization: Bearer TOKEN' (default: $MMGRPO_REWARDS_TOKEN if set)"
+    )
     sv.add_argument("--max-batch", type=int, default=64, help="merge concurrent requests up to this many samples")
+    sv.add_argument("--device", default=None, help="device of the model rewards, e.g. cuda or cuda:1 (default cpu)")
+    sv.add_argument("--dtype", default=None, help="dtype of the model rewards: float32, bfloat16, float16")
     sv.set_defaults(func=cmd_serve)

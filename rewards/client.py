@@ -4,6 +4,7 @@ Timeout and retries with backoff on connection errors and 502/503/504; 4xx answe
 """
 
 import json
+import os
 import time
 import urllib.error
 import urllib.parse
@@ -11,6 +12,8 @@ import urllib.request
 from typing import Any
 
 from rewards.api import Reward
+
+TOKEN_ENV = "MMGRPO_REWARDS_TOKEN"  # read by the client and by `mmgrpo serve-rewards` when no token is passed
 
 
 class HttpReward(Reward):
@@ -28,7 +31,7 @@ class HttpReward(Reward):
         self.base = f"{parts.scheme}://{parts.netloc}"
         self.url, self.token, self.timeout, self.retries, self.backoff = (
             f"{self.base}/{name}",
-            token,
+            token if token is not None else os.environ.get(TOKEN_ENV) or None,
             timeout,
             retries,
             backoff,
@@ -39,31 +42,9 @@ class HttpReward(Reward):
         self.preprocess = f"remote {self.url}: {info['preprocess']}"
 
     def _request(self, method: str, payload: dict | None) -> dict:
-        data = None if payload is None else json.dumps(payload).encode()
-        headers = {"Content-Type": "application/json"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            req = urllib.request.Request(self.url, data=data, headers=headers, method=method)
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    return json.loads(resp.read())
-            except urllib.error.HTTPError as err:
-                message = _error_text(err)
-                if err.code in (502, 503, 504):
-                    last = RuntimeError(f"{self.url} answered {err.code}: {message}")
-                    continue
-                if 400 <= err.code < 500:
-                    raise ValueError(f"{self.url} answered {err.code}: {message}") from None
-                raise RuntimeError(f"{self.url} answered {err.code}: {message}") from None
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
-                last = err
-        raise ConnectionError(
-            f"reward server {self.url} unreachable after {self.retries + 1} attempts "
-            f"(timeout {self.timeout:g} s): {last}"
+        return request_json(
+            method, self.url, payload, token=self.token, timeout=self.timeout, retries=self.retries,
+            backoff=self.backoff, what="reward server",
         )
 
     def score(self, samples, prompts, **fields):
@@ -72,21 +53,66 @@ class HttpReward(Reward):
         payload = {
             "samples": [encode_sample(s, self.input) for s in samples],
             "prompts": prompts,
-            "fields": {k: _jsonable(v) for k, v in fields.items() if k != "group_size"},
+            "fields": {k: _jsonable(v, len(samples)) for k, v in fields.items() if k != "group_size"},
             "group_size": fields.get("group_size"),
         }
         scores = self._request("POST", payload)["scores"]
         return [float("nan") if s is None else s for s in scores]
 
 
+def request_json(
+    method: str,
+    url: str,
+    payload: dict | None,
+    *,
+    token: str | None,
+    timeout: float,
+    retries: int,
+    backoff: float,
+    what: str = "server",
+) -> dict:
+    """One JSON request with retries (exponential backoff) on connection errors and 502/503/504.
+
+    A 4xx answer raises ValueError with the server's message (no retry: the request itself is wrong).
+    """
+    data = None if payload is None else json.dumps(payload).encode()
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    last: Exception | None = None
+    for attempt in range(retries + 1):
+        if attempt:
+            time.sleep(backoff * 2 ** (attempt - 1))
+        req = urllib.request.Request(url, data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            message = _error_text(err)
+            if err.code in (502, 503, 504):
+                last = RuntimeError(f"{url} answered {err.code}: {message}")
+                continue
+            if 400 <= err.code < 500:
+                raise ValueError(f"{url} answered {err.code}: {message}") from None
+            raise RuntimeError(f"{url} answered {err.code}: {message}") from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
+            last = err
+    raise ConnectionError(f"{what} {url} unreachable after {retries + 1} attempts (timeout {timeout:g} s): {last}")
+
+
 def _error_text(err: urllib.error.HTTPError) -> str:
     try:
-        return json.loads(err.read()).get("error", "")
+        body = json.loads(err.read())
+        message = body.get("error", "")
+        return message.get("message", str(message)) if isinstance(message, dict) else message  # OpenAI-style
     except (json.JSONDecodeError, AttributeError, OSError, ValueError):
         return err.reason
 
 
-def _jsonable(v: Any) -> Any:
+def _jsonable(v: Any, n: int) -> list:
+    """A field as a JSON list with one entry per sample; a scalar (e.g. Trust-GRPO's `step`) is repeated n times."""
     if hasattr(v, "tolist"):
-        return v.tolist()
+        v = v.tolist()
+    if isinstance(v, str | int | float | bool) or v is None:
+        return [v] * n
     return [x.tolist() if hasattr(x, "tolist") else x for x in v]

@@ -7,6 +7,7 @@ parsed as UnifiedReward's ("Image 1 is better"); ties and unparsable answers cou
 import itertools
 import re
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -84,9 +85,15 @@ class PairwiseReward(Reward):
         temperature: float | None = None,
         symmetric: bool = True,
         name: str = "pairwise",
+        input: str = "image",
+        needs_prompts: bool = False,
+        max_workers: int = 1,
+        preprocess: str = "",
     ):
         if (base is None) == (judge is None):
             raise ValueError("pass exactly one of base (a pointwise reward to compare) or judge (a pairwise callable)")
+        if max_workers < 1:
+            raise ValueError(f"max_workers={max_workers} must be >= 1")
         self.base, self.judge, self.tie_eps, self.temperature, self.symmetric = (
             base,
             judge,
@@ -94,12 +101,12 @@ class PairwiseReward(Reward):
             temperature,
             symmetric,
         )
-        self.name = name
-        self.input = base.input if base is not None else "image"
-        self.needs_prompts = base.needs_prompts if base is not None else False
+        self.name, self.max_workers = name, max_workers
+        self.input = base.input if base is not None else input
+        self.needs_prompts = base.needs_prompts if base is not None else needs_prompts
         self.fields = tuple(base.fields) if base is not None else ()
         how = f"{base.name} scores compared" if base is not None else "judge(a, b, prompt) on every pair"
-        self.preprocess = f"{how}; tie/unparsable = 0.5; win rate over the other G-1 group members"
+        self.preprocess = preprocess or f"{how}; tie/unparsable = 0.5; win rate over the other G-1 group members"
 
     def win_matrix(
         self, samples: Any, prompts: list[str] | None = None, *, group_size: int, **fields: Any
@@ -116,14 +123,25 @@ class PairwiseReward(Reward):
         return prefs.float(), win_rates(prefs).float()
 
     def _judge_all(self, samples: list, prompts: list[str] | None, g: int) -> Tensor:
+        """All C(G, 2) pairs of every group (both orders when symmetric), up to max_workers judge calls at once."""
         b = len(samples) // g
+        pairs = [(k, i, j) for k, (i, j) in itertools.product(range(b), itertools.combinations(range(g), 2))]
+        asks = [(k * g + i, k * g + j) for k, i, j in pairs]
+        if self.symmetric:  # ask in both orders: VLM judges favour one position
+            asks += [(c, a) for a, c in asks]
+
+        def ask(ac: tuple[int, int]) -> float:
+            a, c = ac
+            return self._ask(samples[a], samples[c], None if prompts is None else prompts[a])
+
+        if self.max_workers > 1 and len(asks) > 1:
+            with ThreadPoolExecutor(max_workers=min(self.max_workers, len(asks))) as pool:
+                answers = list(pool.map(ask, asks))
+        else:
+            answers = [ask(ac) for ac in asks]
         prefs = torch.full((b, g, g), 0.5, dtype=torch.float64)  # [B, G, G]
-        for k, (i, j) in itertools.product(range(b), itertools.combinations(range(g), 2)):
-            a, c = k * g + i, k * g + j
-            prompt = None if prompts is None else prompts[a]
-            p = self._ask(samples[a], samples[c], prompt)
-            if self.symmetric:  # ask in both orders: VLM judges favour one position
-                p = 0.5 * (p + 1.0 - self._ask(samples[c], samples[a], prompt))
+        for n, (k, i, j) in enumerate(pairs):
+            p = answers[n] if not self.symmetric else 0.5 * (answers[n] + 1.0 - answers[n + len(pairs)])
             prefs[k, i, j], prefs[k, j, i] = p, 1.0 - p
         return prefs
 

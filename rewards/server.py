@@ -257,10 +257,18 @@ def make_server(
     port: int = 8000,
     token: str | None = None,
     reward_kwargs: dict[str, dict] | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
     **kw: Any,
 ) -> RewardServer:
-    """Load each named reward once and bind a RewardServer (call .serve_forever(), .shutdown() to stop)."""
+    """Load each named reward once and bind a RewardServer (call .serve_forever(), .shutdown() to stop).
+
+    device / dtype go to every reward whose factory takes them (model rewards), unless reward_kwargs sets them.
+    """
+    from rewards.compose import _with_defaults
+
     if not names:
         raise ValueError("serve at least one reward, e.g. --rewards pickscore,clip_score")
-    rewards = {n: load(n, **(reward_kwargs or {}).get(n, {})) for n in names}
+    defaults = {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
+    rewards = {n: load(n, **_with_defaults(n, dict((reward_kwargs or {}).get(n, {})), defaults)) for n in names}
     return RewardServer(rewards, host=host, port=port, token=token, **kw)

@@ -72,17 +72,28 @@ def test_score_user_errors_are_one_line(parser, argv, match):
 def test_serve_rewards_binds_and_stops(parser, monkeypatch, capsys):
     from rewards import server as server_mod
 
-    seen = {}
+    seen, loaded = {}, {}
 
     def fake_serve_forever(self):
-        seen["url"] = self.url
+        seen.update(url=self.url, token=self.token)
         raise KeyboardInterrupt  # stands in for Ctrl-C right after binding
 
+    def spy_load(name, **kw):  # record what each reward is loaded with; a rule reward stands in for the model
+        loaded[name] = kw
+        return rewards.load("format" if name == "aesthetic" else name, **kw if name != "aesthetic" else {})
+
     monkeypatch.setattr(server_mod.RewardServer, "serve_forever", fake_serve_forever)
-    args = parser.parse_args(["serve-rewards", "--rewards", "format,wer", "--port", "0", "--token", "t"])
+    monkeypatch.setattr(server_mod, "load", spy_load)
+    monkeypatch.setenv("MMGRPO_REWARDS_TOKEN", "from-env")
+    args = parser.parse_args(
+        ["serve-rewards", "--rewards", "format,wer,aesthetic", "--port", "0", "--device", "cuda:1", "--dtype", "bf16"]
+    )
     assert args.host == "127.0.0.1"
     assert args.func(args) == 0
     assert seen["url"].startswith("http://127.0.0.1:") and "format, wer" in capsys.readouterr().out
+    # --device/--dtype reach the model rewards only; the token falls back to $MMGRPO_REWARDS_TOKEN
+    assert loaded == {"format": {}, "wer": {}, "aesthetic": {"device": "cuda:1", "dtype": "bf16"}}
+    assert seen["token"] == "from-env"
     bad = parser.parse_args(["serve-rewards", "--rewards", "nope", "--port", "0"])
     with pytest.raises(rewards.UserError, match="unknown reward 'nope'"):
         bad.func(bad)

@@ -87,3 +87,82 @@ def test_pairwise_registered_over_a_pointwise_scorer():
     assert per.shape == (4, 1) and total.tolist() == [0.5] * 4  # all format 0 -> all ties
     with pytest.raises(ValueError, match="group_size"):
         r(texts, answers=["4"] * 4)
+
+
+# ---- VLM judge over an OpenAI-compatible endpoint (UnifiedReward-Think served by vLLM, as Pref-GRPO does) ----------
+@pytest.fixture
+def fake_judge_server():
+    """A loopback /v1/chat/completions that prefers the brighter candidate; equal brightness gets a garbled reply."""
+    import base64
+    import io
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import numpy as np
+    from PIL import Image
+
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            parts = body["messages"][0]["content"]
+            urls = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
+            text = [p["text"] for p in parts if p["type"] == "text"][0]
+            seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "model": body["model"],
+                         "n_images": len(urls), "text": text, "jpeg": all(u.startswith("data:image/jpeg;base64,")
+                                                                          for u in urls)})
+            pix = [np.asarray(Image.open(io.BytesIO(base64.b64decode(u.split(",", 1)[1])))).mean() for u in urls]
+            half = len(pix) // 2
+            first, second = float(np.mean(pix[:half])), float(np.mean(pix[half:]))
+            word = "Video" if "Video 1" in text else "Image"
+            if abs(first - second) < 1.0:
+                reply = "<think>hard to say</think>"  # no <answer>: unparsable -> 0.5
+            else:
+                reply = f"<think>...</think><answer>{word} {1 if first > second else 2} is better</answer>"
+            out = json.dumps({"choices": [{"message": {"role": "assistant", "content": reply}}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1", seen
+    srv.shutdown()
+    srv.server_close()
+    thread.join(timeout=10)
+
+
+def test_vlm_judge_over_openai_endpoint(fake_judge_server):
+    url, seen = fake_judge_server
+    # one group of 4 flat grey images: 200, 50, 120, 120. Win rate = sum of preferences over the other 3:
+    # 200 beats all -> 3/3 = 1; 50 loses all -> 0; each 120 beats 50, loses to 200, ties the other 120 (garbled
+    # reply, 0.5) -> (1 + 0 + 0.5) / 3 = 0.5
+    imgs = [torch.full((3, 8, 8), v / 255.0) for v in (200, 50, 120, 120)]
+    r = rewards.load("pairwise_judge", url=url, model="judge-8b", token="tok", max_workers=4)
+    assert (r.kind, r.input, r.needs_prompts) == ("groupwise", "image", True)
+    out = r(imgs, ["a grey square"] * 4, group_size=4)
+    assert out.tolist() == pytest.approx([1.0, 0.0, 0.5, 0.5])
+    assert len(seen) == 6  # C(4, 2) pairs, each asked once
+    assert all(s["path"] == "/v1/chat/completions" and s["auth"] == "Bearer tok" and s["model"] == "judge-8b"
+               and s["n_images"] == 2 and s["jpeg"] and "「a grey square」" in s["text"] for s in seen)
+    assert "Image 1 is better" in seen[0]["text"] and "<answer>" in seen[0]["text"]
+
+
+def test_vlm_judge_on_videos_sends_both_frame_sequences(fake_judge_server):
+    url, seen = fake_judge_server
+    bright, dark = torch.full((5, 3, 8, 8), 0.9), torch.full((5, 3, 8, 8), 0.1)  # [T, 3, H, W]
+    r = rewards.load("pairwise_judge", url=url, model="m", input="video", num_frames=3, symmetric=True)
+    assert r.input == "video"
+    assert r([dark, bright], ["a lamp"] * 2, group_size=2).tolist() == [0.0, 1.0]
+    # symmetric: both orders asked; 3 frames of video 1 then 3 of video 2 in each request
+    assert len(seen) == 2 and all(s["n_images"] == 6 and "Video 1" in s["text"] for s in seen)
+    with pytest.raises(ValueError, match="OpenAI-compatible"):
+        rewards.load("pairwise_judge", url="127.0.0.1:8080")

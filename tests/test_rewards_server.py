@@ -20,11 +20,13 @@ TOKEN = "s3cret"
 @pytest.fixture(scope="module")
 def server():
     srv = make_server(
-        ["edit_similarity", "jpeg_incompressibility", "pairwise"],
+        ["edit_similarity", "jpeg_incompressibility", "pairwise", "trust_grpo"],
         host="127.0.0.1",
         port=0,
         token=TOKEN,
-        reward_kwargs={"pairwise": {"base": "format"}},
+        reward_kwargs={"pairwise": {"base": "format"}, "trust_grpo": {"answer": {"name": "accuracy",
+                                                                              "kwargs": {"use_math_verify": False}}}},
+        device="cpu",
         wait_ms=20,
     )
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
@@ -70,6 +72,22 @@ def test_groupwise_over_http(server):
     texts = ["<think>a</think><answer>b</answer>", "x", "y", "<think>a</think><answer>b</answer>"]
     assert remote.kind == "groupwise"
     assert remote(texts, group_size=2).tolist() == [1.0, 0.0, 0.0, 1.0]
+
+
+def test_scalar_fields_and_token_from_the_environment(server, monkeypatch):
+    # Trust-GRPO reads a scalar `step`; the client sends it as one entry per sample. The token comes from
+    # $MMGRPO_REWARDS_TOKEN when not passed.
+    from rewards.client import TOKEN_ENV
+
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    remote = rewards.load(f"{server.url}/trust_grpo")
+    local = rewards.load("trust_grpo", answer={"name": "accuracy", "kwargs": {"use_math_verify": False}})
+    texts = ["<think>a</think><answer>4</answer>", "<answer>5</answer>", "<answer>4</answer>", "x"]
+    kw = dict(group_size=2, answers=["4"] * 4, step=30)
+    torch.testing.assert_close(remote(texts, **kw), local(texts, **kw))
+    monkeypatch.delenv(TOKEN_ENV)
+    with pytest.raises(ValueError, match="401"):
+        rewards.load(f"{server.url}/trust_grpo")
 
 
 def test_status_codes(server):
