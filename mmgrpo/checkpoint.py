@@ -8,6 +8,7 @@ import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +55,10 @@ def write_rank_files(root: Path, step: int, rank: int) -> None:
 
 
 def write_main_files(root: Path, step: int, *, weights: dict[str, torch.Tensor], state: dict[str, Any],
-                     config_yaml: str, ema: dict[str, torch.Tensor] | None = None) -> None:
-    """Rank 0: weights (safetensors), optimizer/scheduler/sampler/trainer state and the resolved config."""
+                     config_yaml: str, ema: dict[str, torch.Tensor] | None = None, metrics_jsonl: str = "",
+                     export: Callable[[Path], None] | None = None) -> None:
+    """Rank 0: weights (safetensors), optimizer/scheduler/sampler/trainer state, the resolved config, the metrics
+    logged so far and, when the policy has an `export` hook, its deployable format (e.g. a peft adapter) in export/."""
     d = tmp_dir(root, step)
     d.mkdir(parents=True, exist_ok=True)
     save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(d / "weights.safetensors"))
@@ -63,15 +66,23 @@ def write_main_files(root: Path, step: int, *, weights: dict[str, torch.Tensor],
         save_file({k: v.detach().contiguous().cpu() for k, v in ema.items()}, str(d / "ema.safetensors"))
     torch.save(state, d / "state.pt")
     (d / "config.yaml").write_text(config_yaml)
+    (d / "metrics.jsonl").write_text(metrics_jsonl)
+    if export is not None:
+        (d / "export").mkdir(exist_ok=True)
+        export(d / "export")
+
+
+def _files(d: Path) -> list[Path]:
+    return sorted(p for p in d.rglob("*") if p.is_file())
 
 
 def finalize(root: Path, step: int, keep_last: int) -> Path:
     """Rank 0, after every rank wrote its files: manifest, fsync, atomic rename, prune old checkpoints."""
     d = tmp_dir(root, step)
-    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(d.iterdir()) if p.is_file()}
+    files = {p.relative_to(d).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in _files(d)}
     manifest = d / MANIFEST
     manifest.write_text(json.dumps({"step": step, "files": files}, indent=1))
-    for p in d.iterdir():
+    for p in _files(d):
         with open(p, "rb") as f:
             os.fsync(f.fileno())
     final = root / f"{PREFIX}{step:08d}"
@@ -141,9 +152,11 @@ def latest_valid(root: Path, log=print) -> Path | None:
 
 
 def load(path: Path, rank: int) -> dict[str, Any]:
-    """Everything a resume needs: weights, optional EMA, trainer state and this rank's RNG state."""
+    """Everything a resume needs: weights, optional EMA, trainer state, metrics so far and this rank's RNG state."""
+    metrics = path / "metrics.jsonl"
     out = {"weights": load_file(str(path / "weights.safetensors")),
-           "state": torch.load(path / "state.pt", weights_only=False)}
+           "state": torch.load(path / "state.pt", weights_only=False),
+           "metrics_jsonl": metrics.read_text() if metrics.is_file() else ""}
     if (path / "ema.safetensors").is_file():
         out["ema"] = load_file(str(path / "ema.safetensors"))
     rng = path / f"rng_rank{rank}.pt"

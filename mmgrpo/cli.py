@@ -12,6 +12,7 @@ EXAMPLES = """examples:
   mmgrpo train configs/toy_count.yaml                      train the toy counting policy (seconds on a CPU)
   mmgrpo train configs/toy_count.yaml run.steps=100 algo.kl_coef=0.01 sample.group_size=16
   accelerate launch --num_processes 2 -m mmgrpo.cli train configs/toy_count.yaml
+  mmgrpo --debug train configs/toy_count.yaml run.steps=5  errors with the full traceback
   mmgrpo eval configs/toy_count.yaml ckpt=latest            per-category reward table of the newest checkpoint
   mmgrpo sample configs/toy_count.yaml ckpt=latest out=samples/
   mmgrpo config configs/toy_count.yaml algo.loss=clipped    print the validated, resolved config
@@ -41,6 +42,15 @@ def _int(special: dict[str, str], key: str, default: int) -> int:
         raise UserError(f"{key}={special[key]!r} must be a whole number, e.g. {key}={default}") from None
 
 
+def _bool(special: dict[str, str], key: str) -> bool:
+    value = special.get(key, "false").lower()
+    if value not in ("true", "false"):
+        from mmgrpo.errors import UserError
+
+        raise UserError(f"{key}={special[key]!r} must be true or false, e.g. {key}=true")
+    return value == "true"
+
+
 def cmd_train(args) -> int:
     from mmgrpo.config import load_config
     from mmgrpo.trainer import train
@@ -56,10 +66,10 @@ def cmd_eval(args) -> int:
     from mmgrpo.config import load_config
     from mmgrpo.evaluate import evaluate, format_table
 
-    overrides, sp = _split_special(args.overrides, ("ckpt", "group_size", "limit"))
+    overrides, sp = _split_special(args.overrides, ("ckpt", "group_size", "limit", "ema"))
     cfg = load_config(args.config, overrides)
     table = evaluate(cfg, sp.get("ckpt", "latest"), group_size=_int(sp, "group_size", 4),
-                     limit=_int(sp, "limit", 0) or None)
+                     limit=_int(sp, "limit", 0) or None, ema=_bool(sp, "ema"))
     print(format_table(table))
     return 0
 
@@ -68,10 +78,10 @@ def cmd_sample(args) -> int:
     from mmgrpo.config import load_config
     from mmgrpo.evaluate import sample
 
-    overrides, sp = _split_special(args.overrides, ("ckpt", "out", "n", "group_size"))
+    overrides, sp = _split_special(args.overrides, ("ckpt", "out", "n", "group_size", "ema"))
     cfg = load_config(args.config, overrides)
     path = sample(cfg, sp.get("ckpt", "latest"), sp.get("out", os.path.join(cfg.run.output_dir, "samples")),
-                  num_prompts=_int(sp, "n", 4), group_size=_int(sp, "group_size", 4))
+                  num_prompts=_int(sp, "n", 4), group_size=_int(sp, "group_size", 4), ema=_bool(sp, "ema"))
     print(f"samples written to {path}")
     return 0
 
@@ -113,9 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, func, text in [("train", cmd_train, "train a policy from a YAML recipe (+ key.sub=value overrides)"),
                              ("eval", cmd_eval, "score a checkpoint on held-out prompts (ckpt=latest|DIR|none)"),
-                             ("sample", cmd_sample, "save samples of a checkpoint (ckpt=, out=, n=)"),
+                             ("sample", cmd_sample, "save samples of a checkpoint (ckpt=, out=, n=, ema=true)"),
                              ("config", cmd_config, "validate a recipe and print the resolved config")]:
-        sp = sub.add_parser(name, help=text, description=text)
+        examples = "".join(line + "\n" for line in EXAMPLES.splitlines() if f" {name} " in line)
+        sp = sub.add_parser(name, help=text, description=text, epilog="examples:\n" + examples,
+                            formatter_class=argparse.RawTextHelpFormatter)
         sp.add_argument("config", help="YAML recipe, e.g. configs/toy_count.yaml")
         sp.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. algo.kl_coef=0.01")
         sp.set_defaults(func=func)
@@ -151,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrainingStopped as err:
         if args.debug:
             traceback.print_exc()
-        print(f"mmgrpo: {err}", file=sys.stderr)
+        print(f"mmgrpo: {' '.join(str(err).split())}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("mmgrpo: interrupted", file=sys.stderr)

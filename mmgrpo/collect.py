@@ -3,14 +3,16 @@
 Every rank rolls out its own slice of the global prompt batch; rewards are gathered so all ranks agree.
 """
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from mmgrpo import sampling
-from mmgrpo.runtime import all_gather, all_sum, prompt_seed
+from mmgrpo.errors import RewardFailed
+from mmgrpo.runtime import all_gather, all_sum, any_rank, first_message, prompt_seed
 from mmgrpo.types import Rollout
 
 
@@ -31,6 +33,8 @@ class Batch:
     """[B_local] bool: groups that enter the loss (False: filtered as zero-variance, or padding after refill)"""
     rounds: int = 1
     """rollout rounds this step took (more than 1 with DAPO refill)"""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """wall time per phase on this rank, summed over rounds: {"rollout": s, "reward": s}"""
 
 
 def _pad_dim1(tensors: list[Tensor]) -> list[Tensor]:
@@ -94,7 +98,43 @@ def reward_fields(prompts: list[dict[str, Any]], group_size: int) -> tuple[list[
     return texts, fields
 
 
-def _one_round(run, step: int, round_: int) -> tuple[list[int], list[dict], Rollout, Tensor, Tensor, Tensor]:
+def _sample_text(sample: Any) -> str:
+    if isinstance(sample, str):
+        return repr(sample if len(sample) <= 80 else sample[:77] + "...")
+    shape = getattr(sample, "shape", None) or getattr(sample, "size", None)
+    return f"{type(sample).__name__} {tuple(shape) if shape is not None else ''}".strip()
+
+
+def _failure_message(err: Exception, rollout: Rollout, prompts: list[dict], g: int, first: int) -> str:
+    """The reward's message plus where the failing sample sits in the global batch and what it was."""
+    idx = getattr(err, "sample_index", None)
+    msg = " ".join(str(err).split())
+    if idx is None or not 0 <= idx < rollout.num_samples:
+        return msg
+    return (f"{msg} [global sample {first + idx}: prompt {prompts[idx // g].get('prompt')!r}, "
+            f"output {_sample_text(rollout.samples[idx])}]")
+
+
+def _score(run, rollout: Rollout, prompts: list[dict], g: int, first: int) -> tuple[Tensor, Tensor]:
+    """Per-reward [N, R] and total [N] scores; a reward that raises on any rank stops every rank together
+    (a rank leaving alone would leave the others waiting in the next collective)."""
+    texts, fields = reward_fields(prompts, g)
+    fields.update(rollout.extras.get("reward_fields", {}))  # per-sample values the policy knows (token lengths)
+    failure = None
+    try:
+        per_reward, total = run.reward_set(rollout.samples, texts, group_size=g, **fields)  # [N, R], [N]
+    except Exception as err:
+        if type(err).__name__ != "RewardError":  # bugs propagate; RewardError is rewards' "this sample failed"
+            raise
+        failure = err
+    if any_rank(run.accelerator, failure is not None):
+        mine = _failure_message(failure, rollout, prompts, g, first) if failure is not None else None
+        msg = first_message(run.accelerator, mine)
+        raise RewardFailed(msg or "a reward failed on another rank") from failure
+    return per_reward.float(), total.float()
+
+
+def _one_round(run, step: int, round_: int) -> tuple[list[int], list[dict], Rollout, Tensor, Tensor, dict]:
     """Sample the global prompt batch, roll out this rank's slice, score, gather rewards to every rank."""
     cfg, acc = run.cfg, run.accelerator
     g, b_global = cfg.sample.group_size, cfg.sample.batch_size // cfg.sample.group_size
@@ -104,15 +144,15 @@ def _one_round(run, step: int, round_: int) -> tuple[list[int], list[dict], Roll
     ids = global_ids[lo: lo + b_local]
     prompts = [run.task.train_data[i] for i in ids]
     seeds = [prompt_seed(cfg.run.seed, step, round_, lo + i) for i in range(b_local)]
+    t0 = time.perf_counter()
     with torch.no_grad():
         rollout = run.policy.rollout(prompts, g, seeds)
     rollout.check(b_local, g)
-    texts, fields = reward_fields(prompts, g)
-    fields.update(rollout.extras.get("reward_fields", {}))  # per-sample values the policy knows (token lengths)
-    per_reward, total = run.reward_set(rollout.samples, texts, group_size=g, **fields)  # [N, R], [N]
-    global_total = all_gather(acc, total.float()).view(b_global, g)  # [B, G]
+    t1 = time.perf_counter()
+    per_reward, total = _score(run, rollout, prompts, g, first=lo * g)  # [N, R], [N]
+    global_total = all_gather(acc, total).view(b_global, g)  # [B, G]
     run.sampler.update(global_ids, global_total)
-    return ids, prompts, rollout, per_reward.float(), total.float(), global_total
+    return ids, prompts, rollout, per_reward, total, {"rollout": t1 - t0, "reward": time.perf_counter() - t1}
 
 
 def collect(run, step: int) -> Batch:
@@ -120,9 +160,11 @@ def collect(run, step: int) -> Batch:
     cfg, acc = run.cfg, run.accelerator
     g = cfg.sample.group_size
     b_local = cfg.sample.batch_size // g // acc.num_processes
-    parts, rounds = [], 0
+    parts, rounds, seconds = [], 0, {}
     while True:
-        ids, prompts, rollout, per_reward, total, _ = _one_round(run, step, rounds)
+        ids, prompts, rollout, per_reward, total, secs = _one_round(run, step, rounds)
+        for k, v in secs.items():
+            seconds[k] = seconds.get(k, 0.0) + v
         keep = torch.ones(b_local, dtype=torch.bool)
         if cfg.sample.filter_zero_std and torch.isfinite(total).all():
             keep = sampling.group_keep_mask(total.view(b_local, g))  # [B_local]
@@ -137,6 +179,7 @@ def collect(run, step: int) -> Batch:
         batch = Batch(ids, prompts, rollout, per_reward, total, keep, rounds)
     else:
         batch = _assemble(parts, b_local, g, rounds)
+    batch.seconds = seconds
     kept = int(batch.keep.sum())
     if cfg.sample.refill and kept < b_local:
         run.say(f"step {step}: only {kept} of {b_local} groups had reward variance after {rounds} rollout rounds; "

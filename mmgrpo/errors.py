@@ -10,3 +10,7 @@ class UserError(ValueError):
 
 class TrainingStopped(RuntimeError):
     """The run stopped on purpose (repeated NaNs, a failing reward) after saving a checkpoint."""
+
+
+class RewardFailed(RuntimeError):
+    """A reward raised while scoring (on this or another rank); the message names the reward and the sample."""

@@ -36,12 +36,21 @@ def resolve_checkpoint(cfg: Config, ckpt: str | None) -> Path | None:
     return path
 
 
-def _load(cfg: Config, ckpt: str | None):
+def _load(cfg: Config, ckpt: str | None, ema: bool = False):
     path = resolve_checkpoint(cfg, ckpt)  # before building the model, so a bad path fails at once
+    if ema and (path is None or not (path / "ema.safetensors").is_file()):
+        raise UserError(f"ema=true: checkpoint {str(path) if path else ckpt!r} holds no EMA weights; train with "
+                        f"optim.ema_decay>0 (e.g. 0.99) or drop ema=true")
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu")
     task = build_task(cfg, device)
     if path is not None:
-        task.policy.load_state_dict(checkpoint.load(path, 0)["weights"])
+        data = checkpoint.load(path, 0)
+        task.policy.load_state_dict(data["weights"])
+        if ema:  # EMA keys are the module's parameter names (see setup): overwrite the trainable weights with them
+            unexpected = task.module.load_state_dict(data["ema"], strict=False).unexpected_keys
+            if unexpected:
+                raise UserError(f"ema=true: EMA weights of {str(path)!r} do not fit this model (e.g. "
+                                f"{unexpected[0]!r}); use the recipe the checkpoint was trained with")
     return task, device, path
 
 
@@ -56,9 +65,9 @@ def _rollout_scored(cfg: Config, task, reward_set, records: list[dict[str, Any]]
 
 @torch.no_grad()
 def evaluate(cfg: Config, ckpt: str | None = None, *, group_size: int = 4, limit: int | None = None,
-             batch_prompts: int = 16) -> dict[str, dict[str, float]]:
+             batch_prompts: int = 16, ema: bool = False) -> dict[str, dict[str, float]]:
     """Mean of every reward per prompt category ("all" plus each record's "category") on the eval prompts."""
-    task, device, _ = _load(cfg, ckpt)
+    task, device, _ = _load(cfg, ckpt, ema)
     reward_set = build_rewards(cfg, task, device)
     records = (task.eval_data or task.train_data)[:limit]
     sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -86,9 +95,10 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 
 
 @torch.no_grad()
-def sample(cfg: Config, ckpt: str | None, out_dir: str, *, num_prompts: int = 4, group_size: int = 4) -> Path:
+def sample(cfg: Config, ckpt: str | None, out_dir: str, *, num_prompts: int = 4, group_size: int = 4,
+           ema: bool = False) -> Path:
     """Roll out a few eval prompts and save them as a gallery (PNGs or texts with their rewards)."""
-    task, device, _ = _load(cfg, ckpt)
+    task, device, _ = _load(cfg, ckpt, ema)
     reward_set = build_rewards(cfg, task, device)
     records = (task.eval_data or task.train_data)[:num_prompts]
     rollout, _, total = _rollout_scored(cfg, task, reward_set, records, group_size)

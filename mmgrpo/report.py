@@ -36,7 +36,7 @@ def _curve_png(rows: list[dict], keys: list[str], title: str) -> str | None:
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def _gallery_html(d: Path) -> str:
+def _gallery_html(d: Path, label: str) -> str:
     items = json.loads((d / "items.json").read_text())
     cells = []
     for it in items[:16]:
@@ -48,7 +48,7 @@ def _gallery_html(d: Path) -> str:
             body += f"<pre>{html.escape(str(it['text']))}</pre>"
         cap = html.escape(f"{it.get('prompt', '')} | r={it.get('reward', float('nan')):.3f}")
         cells.append(f'<div class="cell">{body}<div class="cap">{cap}</div></div>')
-    return f"<h3>{html.escape(d.name)}</h3><div class='grid'>{''.join(cells)}</div>"
+    return f"<h3>{html.escape(label)} ({html.escape(d.name)})</h3><div class='grid'>{''.join(cells)}</div>"
 
 
 def write_report(run_dir: Path, config_yaml: str) -> Path:
@@ -61,7 +61,10 @@ def write_report(run_dir: Path, config_yaml: str) -> Path:
     ]
     imgs = "".join(f'<img src="data:image/png;base64,{p}">' for p in plots if p)
     galleries = sorted((run_dir / "gallery").glob("step_*")) if (run_dir / "gallery").is_dir() else []
-    gal = "".join(_gallery_html(d) for d in ([galleries[0], galleries[-1]] if len(galleries) > 1 else galleries))
+    # the first gallery is the policy before any update, the last one after (almost) all of them
+    picks = [("before training", galleries[0]), ("after training", galleries[-1])] if len(galleries) > 1 else \
+        [("samples", g) for g in galleries]
+    gal = "".join(_gallery_html(d, label) for label, d in picks)
     time_keys = sorted({k for r in rows for k in r if k.startswith("time/")})
     timing = "".join(
         f"<tr><td>{k}</td><td>{sum(r[k] for r in rows if r.get(k) is not None) / max(1, len(rows)):.4f}</td></tr>"
@@ -74,7 +77,7 @@ def write_report(run_dir: Path, config_yaml: str) -> Path:
 .cell{{border:1px solid #ccc;padding:4px;width:160px;font-size:11px}} td{{padding:2px 8px}}
 pre{{white-space:pre-wrap}}</style>
 </head><body><h1>mmgrpo run {html.escape(str(run_dir))}</h1><p>{len(rows)} logged steps</p>
-<h2>Curves</h2>{imgs or '<p>no metrics</p>'}<h2>Samples (first and last gallery)</h2>{gal or '<p>no gallery</p>'}
+<h2>Curves</h2>{imgs or '<p>no metrics</p>'}<h2>Samples before and after training</h2>{gal or '<p>no gallery</p>'}
 <h2>Mean seconds per phase</h2><table>{timing}</table><h2>Last step</h2><table>{summary}</table>
 <h2>Config</h2><pre>{html.escape(config_yaml)}</pre></body></html>"""
     path = run_dir / "report.html"

@@ -109,3 +109,17 @@ def all_gather(accelerator: Accelerator, value: torch.Tensor) -> torch.Tensor:
     if accelerator.num_processes == 1:
         return value
     return accelerator.gather(value.to(accelerator.device).contiguous()).cpu()
+
+
+def any_rank(accelerator: Accelerator, flag: bool) -> bool:
+    """True on every rank when `flag` is True on at least one (signals and faults must stop all ranks together)."""
+    return all_sum(accelerator, torch.tensor(float(flag))).item() > 0
+
+
+def first_message(accelerator: Accelerator, message: str | None) -> str | None:
+    """The lowest rank's non-empty message, on every rank (so every rank stops with the same explanation)."""
+    if accelerator.num_processes == 1:
+        return message
+    from accelerate.utils import gather_object
+
+    return next((m for m in gather_object([message]) if m), None)

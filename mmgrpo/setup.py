@@ -121,10 +121,10 @@ def setup(cfg: Config) -> Run:
                                     **cfg.sample.sampler_kwargs)
     run = Run(cfg, acc, task, task.policy, model, optimizer, build_scheduler(optimizer, cfg), sampler, reward_set,
               ema, run_dir, ckpt_root, None)
-    resume_step = _resume(run)
+    resume_step, saved_metrics = _resume(run)
     if acc.is_main_process:
         cfg.save(run_dir / "config.yaml")
-        run.metrics_log = MetricsLog(run_dir, acc, resume_step)
+        run.metrics_log = MetricsLog(run_dir, acc, resume_step, saved=saved_metrics)
         if cfg.run.trackers:
             acc.init_trackers(run_dir.name, config=_flat(cfg.to_dict()))
     if cfg.run.progress and acc.is_main_process:
@@ -145,17 +145,28 @@ def _flat(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def _resume(run: Run) -> int | None:
-    """Restore the newest valid checkpoint (resume=auto) or a given one; returns its step or None."""
+def _config_changes(saved: Path, cfg: Config) -> str:
+    """Fields that differ from the checkpoint's config ("run.steps: 60 -> 100"), so a resumed run says what changed."""
+    if not saved.is_file():
+        return ""
+    old, new = _flat(yaml.safe_load(saved.read_text()) or {}), _flat(cfg.to_dict())
+    diffs = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
+             if old.get(k) != new.get(k) and k not in ("run.resume", "run.output_dir")]
+    return ", ".join(diffs[:8]) + (f" and {len(diffs) - 8} more" if len(diffs) > 8 else "")
+
+
+def _resume(run: Run) -> tuple[int | None, str]:
+    """Restore the newest valid checkpoint (resume=auto) or a given one; returns its step (or None) and the
+    metrics.jsonl rows it saved."""
     cfg, acc = run.cfg, run.accelerator
     if acc.is_main_process:
         checkpoint.clear_tmp(run.ckpt_root)
     acc.wait_for_everyone()
     if cfg.run.resume == "never":
-        return None
+        return None, ""
     path = checkpoint.latest_valid(run.ckpt_root, log=run.say) if cfg.run.resume == "auto" else Path(cfg.run.resume)
     if path is None:
-        return None
+        return None, ""
     reason = checkpoint.check(path)
     if reason:
         raise UserError(f"run.resume ({str(path)!r}) is not a valid checkpoint: {reason}; pass another one or auto")
@@ -171,8 +182,9 @@ def _resume(run: Run) -> int | None:
     if data["rng"] is not None:
         checkpoint.set_rng_state(data["rng"])
     run.start_step, run.bad_streak, run.last_saved = st["step"], st.get("bad_streak", 0), st["step"]
-    run.say(f"resumed from {path} at step {st['step']}")
-    return st["step"]
+    changed = _config_changes(path / "config.yaml", cfg)
+    run.say(f"resumed from {path} at step {st['step']}" + (f" (config changed since: {changed})" if changed else ""))
+    return st["step"], data["metrics_jsonl"]
 
 
 def save_checkpoint(run: Run, step: int) -> None:
@@ -187,7 +199,8 @@ def save_checkpoint(run: Run, step: int) -> None:
                  "scheduler": run.scheduler.state_dict(), "sampler": run.sampler.state_dict()}
         checkpoint.write_main_files(run.ckpt_root, step, weights=run.policy.state_dict(), state=state,
                                     config_yaml=yaml.safe_dump(run.cfg.to_dict(), sort_keys=False),
-                                    ema=run.ema.shadow if run.ema is not None else None)
+                                    ema=run.ema.shadow if run.ema is not None else None,
+                                    metrics_jsonl=run.metrics_log.text(), export=getattr(run.policy, "export", None))
     acc.wait_for_everyone()
     if acc.is_main_process:
         checkpoint.finalize(run.ckpt_root, step, run.cfg.run.keep_last)

@@ -12,11 +12,9 @@ import numpy as np
 import torch
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
+def parse_metrics(text: str) -> list[dict[str, Any]]:
     rows = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         try:
             rows.append(json.loads(line))
         except ValueError:
@@ -24,18 +22,28 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-class MetricsLog:
-    """Append-only metrics.jsonl; on resume, rows after the checkpoint's step are dropped (nothing counted twice)."""
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    return parse_metrics(path.read_text()) if path.is_file() else []
 
-    def __init__(self, run_dir: Path, accelerator=None, resume_step: int | None = None):
+
+class MetricsLog:
+    """Append-only metrics.jsonl; on resume, rows after the checkpoint's step are dropped (nothing counted twice).
+
+    `saved` is the checkpoint's copy of the rows logged before it; it wins when the run directory's file holds fewer
+    of them (resuming a checkpoint into a fresh output_dir, or after metrics.jsonl was lost)."""
+
+    def __init__(self, run_dir: Path, accelerator=None, resume_step: int | None = None, saved: str = ""):
         self.path = run_dir / "metrics.jsonl"
         self.accelerator = accelerator
-        rows = read_metrics(self.path)
-        if resume_step is None:
-            rows = []
-        else:
-            rows = [r for r in rows if r.get("step", -1) < resume_step]
+        rows: list[dict[str, Any]] = []
+        if resume_step is not None:
+            rows = [r for r in read_metrics(self.path) if r.get("step", -1) < resume_step]
+            kept = [r for r in parse_metrics(saved) if r.get("step", -1) < resume_step]
+            rows = kept if len(kept) > len(rows) else rows
         self.path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    def text(self) -> str:
+        return self.path.read_text() if self.path.is_file() else ""
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: (float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None)

@@ -15,8 +15,8 @@ from torch import Tensor
 from mmgrpo import advantages, losses, sampling
 from mmgrpo.collect import Batch, collect
 from mmgrpo.config import Config
-from mmgrpo.errors import TrainingStopped
-from mmgrpo.runtime import StopFlag, all_gather, all_sum, shuffle_generator, sync_context
+from mmgrpo.errors import RewardFailed, TrainingStopped
+from mmgrpo.runtime import StopFlag, all_gather, all_sum, any_rank, first_message, shuffle_generator, sync_context
 from mmgrpo.setup import Run, save_checkpoint, setup
 from mmgrpo.tracking import save_gallery
 
@@ -70,7 +70,9 @@ def compute_advantages(run: Run, batch: Batch, progress: float) -> tuple[Tensor,
 
 def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor, mask: Tensor,
               ref: Tensor | None, denom: Tensor):
-    """Loss of samples idx (and steps ks when the policy chunks K): policy loss (+ KL), global denominator."""
+    """Loss of samples idx (and steps ks when the policy chunks K): policy loss (+ KL), global denominator.
+
+    Also returns the samples of idx whose unmasked loss elements are not all finite (named when a step is skipped)."""
     a = run.cfg.algo
     ks_ = ks if ks is not None else slice(None)
     if ks is None:
@@ -99,8 +101,9 @@ def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor
         # a row's mean over all K = sum over chunks of (chunk sum / full-row count): rescale each chunk's mean
         full = mask[idx].sum(1).clamp(min=1).to(logp.device)  # [n]
         loss_mat = loss_mat * (m.sum(1).clamp(min=1) / full)[:, None]
+    bad = idx[~torch.isfinite(torch.where(m, loss_mat.detach(), 0.0)).all(1).cpu()].tolist()
     loss = losses.aggregate(loss_mat, m, a.aggregation, norm_len=_norm_len(run, mask), denom=denom)
-    return loss * run.accelerator.num_processes, metrics  # DDP averages gradients; denominators are global
+    return loss * run.accelerator.num_processes, metrics, bad  # DDP averages gradients; denominators are global
 
 
 def _per_element(logp: Tensor, old: Tensor, m: Tensor, k0: int) -> dict[str, Tensor]:
@@ -137,12 +140,15 @@ def _reference(run: Run, batch: Batch) -> Tensor | None:
     return None if parts[0] is None else torch.cat(parts).float()  # [N, K]
 
 
-def update(run: Run, batch: Batch, adv: Tensor, use: Tensor, step: int) -> tuple[dict[str, float], bool]:
-    """Inner epochs over shuffled mini-batches with gradient accumulation; False when a NaN skipped a step."""
+def update(run: Run, batch: Batch, adv: Tensor, use: Tensor, step: int) -> tuple[dict[str, float], bool, list[int]]:
+    """Inner epochs over shuffled mini-batches with gradient accumulation.
+
+    Returns the metrics, False when a NaN/Inf loss or gradient skipped an optimizer step, and the local indices of
+    the samples whose loss was not finite."""
     cfg, acc, a = run.cfg, run.accelerator, run.cfg.algo
     mask = batch.rollout.mask & use[:, None]  # [N, K]
     ref = _reference(run, batch)
-    acc_metrics, ok = _Acc(), True
+    acc_metrics, ok, bad_samples = _Acc(), True, set()
     n = batch.rollout.num_samples
     g, rank, world = cfg.sample.group_size, acc.process_index, acc.num_processes
     b_local = n // g
@@ -160,14 +166,15 @@ def update(run: Run, batch: Batch, adv: Tensor, use: Tensor, step: int) -> tuple
             finite = torch.tensor(1.0)
             for j, (idx, ks) in enumerate(pieces):
                 with sync_context(acc, run.model, last=j == len(pieces) - 1), acc.autocast():
-                    loss, metrics = _loss_for(run, batch, idx, ks, adv, mask, ref, denom)
+                    loss, metrics, bad = _loss_for(run, batch, idx, ks, adv, mask, ref, denom)
                     loss = loss * scale
                     finite = finite * torch.isfinite(loss.detach()).float().cpu()
                     acc.backward(torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0))
+                bad_samples.update(bad if scale else [])
                 metrics["loss/policy"] = loss.detach() / acc.num_processes
                 acc_metrics.add(metrics, float(mask[idx][:, ks or slice(None)].sum()) * scale)
             ok = _optimizer_step(run, finite, acc_metrics) and ok
-    return acc_metrics.means(), ok
+    return acc_metrics.means(), ok, sorted(bad_samples)
 
 
 def _optimizer_step(run: Run, finite: Tensor, acc_metrics: _Acc) -> bool:
@@ -198,14 +205,23 @@ def _reward_metrics(run: Run, batch: Batch) -> dict[str, float]:
 
 
 def _nonfinite_rewards(run: Run, batch: Batch) -> str | None:
+    """None when every reward is finite on every rank, else which rewards and samples were not (same on all ranks)."""
     bad = (~torch.isfinite(batch.per_reward)).nonzero().tolist()  # [[n, r], ...]
     bad_any = all_sum(run.accelerator, torch.tensor(float(len(bad)))).item()
     if not bad_any:
         return None
-    g = run.cfg.sample.group_size
-    where = "; ".join(f"reward {run.reward_set.names[r]!r} on sample {n} "
-                      f"(prompt {batch.prompts[n // g].get('prompt')!r})" for n, r in bad[:5])
-    return f"non-finite rewards ({int(bad_any)} values): {where or 'on another rank'}"
+    g, first = run.cfg.sample.group_size, run.accelerator.process_index * batch.total.numel()
+    mine = "; ".join(f"reward {run.reward_set.names[r]!r} on sample {first + n} "
+                     f"(prompt {batch.prompts[n // g].get('prompt')!r})" for n, r in bad[:5])
+    return f"non-finite rewards ({int(bad_any)} values): {first_message(run.accelerator, mine or None)}"
+
+
+def _nonfinite_loss(run: Run, batch: Batch, bad: list[int]) -> str:
+    """Which samples made the loss NaN/Inf, from the lowest rank that saw any (every rank gets the same text)."""
+    g, first = run.cfg.sample.group_size, run.accelerator.process_index * batch.total.numel()
+    mine = "; ".join(f"sample {first + n} (prompt {batch.prompts[n // g].get('prompt')!r})" for n in bad[:5])
+    where = first_message(run.accelerator, mine or None)
+    return f"non-finite loss on {where}" if where else "non-finite gradient (every sample's loss was finite)"
 
 
 def _gallery(run: Run, batch: Batch, step: int, last: bool) -> None:
@@ -217,6 +233,35 @@ def _gallery(run: Run, batch: Batch, step: int, last: bool) -> None:
         save_gallery(run.run_dir / "gallery" / f"step_{step:08d}", items)
 
 
+def _rollout_phase(run: Run, step: int) -> Batch:
+    """Steps 1-2: prompts, G samples each, rewards; a failing reward saves a checkpoint and stops every rank."""
+    if hasattr(run.policy, "set_iteration"):
+        run.policy.set_iteration(step)  # schedules inside the policy (MixGRPO window) follow the step
+    try:
+        return collect(run, step)
+    except RewardFailed as err:
+        save_checkpoint(run, step)
+        raise TrainingStopped(f"stopped at step {step}: {err}; checkpoint saved in {run.ckpt_root}, fix the "
+                              f"reward and resume with run.resume=auto") from err
+
+
+def _learn_phase(run: Run, batch: Batch, step: int) -> tuple[dict[str, float], str | None]:
+    """Steps 3-4: group-relative advantages over the global batch, then clipped updates; the reason when skipped."""
+    bad = _nonfinite_rewards(run, batch)
+    metrics: dict[str, float] = {}
+    if bad is None:
+        t0 = time.perf_counter()
+        adv, use, adv_stats = compute_advantages(run, batch, progress=step / run.cfg.run.steps)
+        t1 = time.perf_counter()
+        upd, ok, bad_samples = update(run, batch, adv, use, step)
+        metrics.update({**adv_stats, **upd, "time/advantages": t1 - t0, "time/update": time.perf_counter() - t1})
+        bad = None if ok else _nonfinite_loss(run, batch, bad_samples)
+    with warnings.catch_warnings():  # a skipped (NaN) update still advances the schedule: lr = f(step)
+        warnings.simplefilter("ignore", UserWarning)
+        run.scheduler.step()
+    return metrics, bad
+
+
 def train(cfg: Config) -> dict[str, Any]:
     """Run GRPO-style training as configured; returns the last step's metrics and the run directory."""
     run = setup(cfg)
@@ -225,53 +270,37 @@ def train(cfg: Config) -> dict[str, Any]:
         for step in range(run.start_step, cfg.run.steps):
             t0 = time.perf_counter()
             # 1-2. sample prompts, roll out G samples per prompt, score them (refilling flat groups if asked)
-            if hasattr(run.policy, "set_iteration"):
-                run.policy.set_iteration(step)  # schedules inside the policy (MixGRPO window) follow the step
-            try:
-                batch = collect(run, step)
-            except Exception as err:
-                if type(err).__name__ != "RewardError":
-                    raise
-                save_checkpoint(run, step)
-                raise TrainingStopped(f"stopped at step {step}: {err}; checkpoint saved, fix the reward and "
-                                      f"resume with run.resume=auto") from err
-            t1 = time.perf_counter()
+            batch = _rollout_phase(run, step)
             metrics = {**batch.rollout.metrics, **_reward_metrics(run, batch), **run.sampler.metrics()}
-            bad = _nonfinite_rewards(run, batch)
-            # 3. group-relative advantages (over the global batch) and 4. clipped updates
-            ok = bad is None
-            if ok:
-                adv, use, adv_stats = compute_advantages(run, batch, progress=step / cfg.run.steps)
-                upd, ok = update(run, batch, adv, use, step)
-                metrics.update(adv_stats)
-                metrics.update(upd)
-                bad = None if ok else "non-finite loss or gradient"
-            with warnings.catch_warnings():  # a skipped (NaN) update still advances the schedule: lr = f(step)
-                warnings.simplefilter("ignore", UserWarning)
-                run.scheduler.step()
-            t2 = time.perf_counter()
+            # 3-4. advantages and clipped updates (skipped on NaN/Inf rewards, losses or gradients)
+            learned, bad = _learn_phase(run, batch, step)
+            metrics.update(learned)
             # 5. log, gallery, checkpoint, faults
-            run.bad_streak = 0 if ok else run.bad_streak + 1
+            run.bad_streak = 0 if bad is None else run.bad_streak + 1
             if bad:
                 run.say(f"step {step}: skipped the update: {bad}")
-            n = cfg.sample.batch_size * batch.rounds
-            metrics.update({"lr": run.scheduler.get_last_lr()[0], "time/rollout_reward": t1 - t0,
-                            "time/update": t2 - t1, "time/step": t2 - t0, "perf/samples_per_sec": n / (t2 - t0),
-                            "skipped": float(not ok), "rollout/rounds": batch.rounds})
+            secs = time.perf_counter() - t0
+            metrics.update({f"time/{k}": v for k, v in batch.seconds.items()})
+            metrics.update({"lr": run.scheduler.get_last_lr()[0], "time/step": secs, "skipped": float(bad is not None),
+                            "perf/samples_per_sec": cfg.sample.batch_size * batch.rounds / secs,
+                            "rollout/rounds": batch.rounds})
             if run.accelerator.is_main_process and (step % cfg.run.log_every == 0 or step == cfg.run.steps - 1):
                 run.metrics_log.log(step, metrics)
             run.progress(metrics)
             _gallery(run, batch, step, last=step == cfg.run.steps - 1)
-            last_metrics = metrics
-            done = step + 1
+            last_metrics, done = metrics, step + 1
             if run.bad_streak >= cfg.run.max_bad_steps:
                 save_checkpoint(run, done)
-                raise TrainingStopped(f"stopped at step {step}: {run.bad_streak} consecutive steps had {bad}; "
-                                      f"checkpoint saved in {run.ckpt_root}. Lower optim.lr or check the reward")
-            if stop.signal_name or (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0):
+                raise TrainingStopped(f"stopped at step {step}: {run.bad_streak} consecutive steps skipped, the last "
+                                      f"for {bad}; checkpoint saved in {run.ckpt_root}. Lower optim.lr or check the "
+                                      f"reward")
+            # a signal may reach one rank first: every rank must agree before the collective save
+            stopping = any_rank(run.accelerator, stop.signal_name is not None)
+            if stopping or (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0):
                 save_checkpoint(run, done)
-            if stop.signal_name:
-                run.say(f"received {stop.signal_name}: checkpoint saved at step {done}; rerun to resume")
+            if stopping:
+                run.say(f"received {stop.signal_name or 'a stop signal on another rank'}: checkpoint saved at step "
+                        f"{done}; rerun to resume")
                 break
         else:
             save_checkpoint(run, cfg.run.steps)
@@ -280,4 +309,3 @@ def train(cfg: Config) -> dict[str, Any]:
         run.close()
     run.finish_report()
     return {"run_dir": str(run.run_dir), "metrics": last_metrics}
-

@@ -81,6 +81,15 @@ class Policy(Protocol):
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         ...
 
+    # Optional hooks, looked up with hasattr (a policy without them still trains):
+    #   set_iteration(step)                  called before each rollout (schedules inside the policy: MixGRPO)
+    #   gallery(rollout, prompts, rewards)   -> [{"prompt", "reward", "text" | "image" | "frames"}] for galleries
+    #   export(directory: Path)              writes the deployable format into each checkpoint's export/ (e.g. a peft
+    #                                        adapter_model.safetensors + adapter_config.json), checksummed too
+    #   wants_step_advantages = True + step_advantages(rollout, rewards [B_local, G]) -> [N_local, K] per-decision
+    #                                        advantages (BranchGRPO trees) instead of the configured estimator's
+    #   k_chunk, per_element_metrics         see `logp`
+
 
 @dataclass
 class Task:

@@ -117,6 +117,7 @@ CASES = [
     ("eval_missing_checkpoint", ["eval", TOY, "ckpt=/nonexistent"],
      ["ckpt ('/nonexistent')", "not a valid checkpoint", "ckpt=latest"]),
     ("eval_bad_number", ["eval", TOY, "limit=some"], ["limit='some'", "whole number"]),
+    ("sample_bad_bool", ["sample", TOY, "ema=maybe"], ["ema='maybe'", "true or false", "ema=true"]),
 ]
 
 

@@ -56,7 +56,8 @@ def test_toy_policy_learns(tmp_path):
     assert last > first + 0.2, (first, last)  # ~0.65 -> ~0.97 in practice
     assert out["metrics"]["ratio/mean"] == pytest.approx(1.0, abs=0.1)
     for key in ("reward/toy_count/std", "adv/zero_std_frac", "clip/upper_frac", "clip/lower_frac", "entropy",
-                "grad_norm", "lr", "time/update", "perf/samples_per_sec", "kl/old_approx"):
+                "grad_norm", "lr", "time/rollout", "time/reward", "time/advantages", "time/update",
+                "perf/samples_per_sec", "kl/old_approx", "ratio/std"):
         assert key in rows[-1], key
     html = (tmp_path / "report.html").read_text()
     assert "data:image/png;base64" in html and "toy_count" in html
@@ -129,7 +130,7 @@ def test_nan_rewards_skip_then_stop(tmp_path):
     _register("test_nan", lambda samples, prompts, target=None: [float("nan")] * len(samples))
     cfg = load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=10", "run.max_bad_steps=2",
                                "rewards=[{name: test_nan}]"])
-    with pytest.raises(TrainingStopped, match="2 consecutive steps had non-finite rewards"):
+    with pytest.raises(TrainingStopped, match="2 consecutive steps skipped, the last for non-finite rewards"):
         train(cfg)
     rows = _metrics(tmp_path)
     assert [r["skipped"] for r in rows] == [1.0, 1.0]

@@ -4,7 +4,9 @@ Kept deliberately small and exact: every log-prob is a log-softmax gather, so ra
 """
 
 import copy
+import json
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -97,6 +99,17 @@ class ToyPolicy:
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         self.model.load_state_dict(state)
+
+    def export(self, directory: Path) -> None:
+        """The whole model as model.safetensors plus config.json, enough to rebuild CountLM without mmgrpo."""
+        from safetensors.torch import save_file
+
+        save_file({k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()},
+                  str(directory / "model.safetensors"))
+        m = self.model
+        spec = {"max_target": m.prompt_emb.num_embeddings - 1, "max_len": m.max_len, "hidden": m.head.in_features,
+                "vocab": list(VOCAB)}
+        (directory / "config.json").write_text(json.dumps(spec, indent=1))
 
     def gallery(self, rollout: Rollout, prompts: list[dict[str, Any]], rewards: Tensor) -> list[dict[str, Any]]:
         g = len(rollout.samples) // len(prompts)

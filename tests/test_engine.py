@@ -1,0 +1,192 @@
+"""Engine pieces around the loop: lr schedule, EMA, NaN-loss skips, faults on another rank, checkpoint contents
+(export, metrics so far), resuming into a fresh directory, EMA evaluation, trackers and the self-contained report."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mmgrpo import checkpoint
+from mmgrpo.cli import main as cli_main
+from mmgrpo.config import load_config
+from mmgrpo.errors import TrainingStopped
+from mmgrpo.evaluate import _load
+from mmgrpo.runtime import EMA, build_scheduler, lr_factor
+from mmgrpo.tracking import MetricsLog
+from mmgrpo.trainer import train
+from pipelines.toy import CountLM, ToyPolicy
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPE = str(ROOT / "configs" / "toy_count.yaml")
+FAST = ["run.progress=false", "run.report=false", "sample.batch_size=32", "algo.micro_batch_size=16"]
+
+
+def _steps(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_lr_factor_warmup_then_decay():
+    # warm-up 2 of 10 steps: (s+1)/2 -> 0.5, 1.0; afterwards frac = (s-2)/8
+    kw = {"warmup": 2, "total": 10}
+    assert [lr_factor(s, schedule="constant", **kw) for s in (0, 1, 2, 9)] == [0.5, 1.0, 1.0, 1.0]
+    # linear: 1 - frac; s=6 -> frac 0.5 -> 0.5; s=10 -> 0
+    assert lr_factor(6, schedule="linear", **kw) == pytest.approx(0.5)
+    assert lr_factor(10, schedule="linear", **kw) == pytest.approx(0.0)
+    # cosine: (1 + cos(pi frac)) / 2; s=4 -> frac 0.25 -> (1 + 0.70710678) / 2 = 0.85355339
+    assert lr_factor(4, schedule="cosine", **kw) == pytest.approx(0.85355339, abs=1e-8)
+    assert lr_factor(6, schedule="cosine", **kw) == pytest.approx(0.5)
+    assert lr_factor(10, schedule="cosine", **kw) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_scheduler_follows_lr_factor():
+    cfg = load_config(RECIPE, ["optim.lr=0.1", "optim.schedule=linear", "optim.warmup_steps=2", "run.steps=10"])
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=cfg.optim.lr)
+    sched = build_scheduler(opt, cfg)
+    seen = []
+    for _ in range(4):
+        seen.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    # 0.1 x [0.5, 1.0, 1 - 0/8, 1 - 1/8]
+    assert seen == pytest.approx([0.05, 0.1, 0.1, 0.0875])
+
+
+def test_ema_update():
+    w = torch.nn.Parameter(torch.tensor([1.0]))
+    ema = EMA({"w": w}, decay=0.9)
+    with torch.no_grad():
+        w.fill_(3.0)
+    ema.update()  # 0.9 * 1 + 0.1 * 3 = 1.2
+    with torch.no_grad():
+        w.fill_(0.0)
+    ema.update()  # 0.9 * 1.2 + 0.1 * 0 = 1.08
+    assert ema.shadow["w"].item() == pytest.approx(1.08)
+
+
+def test_nan_loss_skips_and_names_the_sample(tmp_path, monkeypatch, capsys):
+    state = {"on": False}
+    real = ToyPolicy.logp
+
+    def logp(self, model, rollout, idx):
+        out, aux = real(self, model, rollout, idx)
+        if state["on"]:
+            out = torch.where((idx == 5)[:, None], torch.full_like(out, float("nan")), out)  # sample 5 only
+        return out, aux
+
+    monkeypatch.setattr(ToyPolicy, "logp", logp)
+    monkeypatch.setattr(ToyPolicy, "set_iteration", lambda self, step: state.update(on=step == 0), raising=False)
+    train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=2"]))
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["skipped"] for r in rows] == [1.0, 0.0]
+    said = capsys.readouterr().out
+    assert re.search(r"step 0: skipped the update: non-finite loss on sample 5 \(prompt \"write \d a's\"\)", said), said
+
+
+def test_reward_failure_on_another_rank_stops_here_too(tmp_path, monkeypatch):
+    # this rank's rewards are fine; a peer reports a failure through the collective flag and message
+    monkeypatch.setattr("mmgrpo.collect.any_rank", lambda acc, flag: True)
+    monkeypatch.setattr("mmgrpo.collect.first_message", lambda acc, msg: "reward 'x' failed on sample 40 (boom)")
+    with pytest.raises(TrainingStopped, match=r"stopped at step 0: reward 'x' failed on sample 40 .*checkpoint saved"):
+        train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=3"]))
+    (ckpt,) = checkpoint.list_checkpoints(tmp_path / "checkpoints")
+    assert ckpt.name == "step_00000000" and checkpoint.check(ckpt) is None
+
+
+def test_signal_on_another_rank_saves_and_stops(tmp_path, monkeypatch, capsys):
+    calls = []
+
+    def any_rank(acc, flag):  # the stop flag of a peer rank turns up after the third step
+        calls.append(flag)
+        return len(calls) == 3
+
+    monkeypatch.setattr("mmgrpo.trainer.any_rank", any_rank)
+    out = train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=10", "run.checkpoint_every=0"]))
+    assert calls == [False, False, False]  # no signal here
+    assert "received a stop signal on another rank: checkpoint saved at step 3" in capsys.readouterr().out
+    assert [p.name for p in checkpoint.list_checkpoints(tmp_path / "checkpoints")] == ["step_00000003"]
+    assert out["metrics"] and _steps(tmp_path) == [0, 1, 2]
+
+
+def test_checkpoint_holds_export_and_metrics(tmp_path):
+    train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=2"]))
+    (ckpt,) = checkpoint.list_checkpoints(tmp_path / "checkpoints")
+    files = json.loads((ckpt / "manifest.json").read_text())["files"]
+    assert {"weights.safetensors", "state.pt", "rng_rank0.pt", "config.yaml", "metrics.jsonl",
+            "export/model.safetensors", "export/config.json"} <= set(files)
+    assert [json.loads(line)["step"] for line in (ckpt / "metrics.jsonl").read_text().splitlines()] == [0, 1]
+    # the exported model rebuilds without mmgrpo's checkpoint code and equals the trained weights
+    spec = json.loads((ckpt / "export" / "config.json").read_text())
+    model = CountLM(spec["max_target"], spec["max_len"], spec["hidden"])
+    model.load_state_dict(load_file(str(ckpt / "export" / "model.safetensors")))
+    weights = load_file(str(ckpt / "weights.safetensors"))
+    assert all(torch.equal(model.state_dict()[k], weights[k]) for k in weights)
+    # files in export/ are checksummed like the rest
+    (ckpt / "export" / "config.json").write_text("{}")
+    assert "export/config.json" in checkpoint.check(ckpt)
+
+
+def test_resume_into_a_fresh_directory_keeps_metrics_and_says_what_changed(tmp_path, capsys):
+    first = tmp_path / "first"
+    train(load_config(RECIPE, [f"run.output_dir={first}", *FAST, "run.steps=4", "run.checkpoint_every=2"]))
+    capsys.readouterr()
+    second = tmp_path / "second"
+    ckpt = first / "checkpoints" / "step_00000002"
+    train(load_config(RECIPE, [f"run.output_dir={second}", *FAST, "run.steps=5", "run.checkpoint_every=2",
+                               f"run.resume={ckpt}"]))
+    said = capsys.readouterr().out
+    assert f"resumed from {ckpt} at step 2 (config changed since: run.steps: 4 -> 5)" in said
+    assert _steps(second) == [0, 1, 2, 3, 4]  # rows 0-1 come from the checkpoint's copy
+
+
+def test_saved_config_is_the_resolved_one(tmp_path):
+    cfg = load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=1", "algo.kl_coef=0.02"])
+    train(cfg)
+    assert load_config(tmp_path / "config.yaml") == cfg
+
+
+def test_eval_with_ema_weights(tmp_path, capsys):
+    train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=2", "optim.ema_decay=0.5"]))
+    cfg = load_config(RECIPE, [f"run.output_dir={tmp_path}"])
+    task, _, path = _load(cfg, "latest", ema=True)
+    ema = load_file(str(path / "ema.safetensors"))
+    params = dict(task.module.named_parameters())
+    assert all(torch.equal(params[k].detach(), v) for k, v in ema.items())
+    assert not torch.equal(ema["head.weight"], load_file(str(path / "weights.safetensors"))["head.weight"])
+    assert cli_main(["eval", RECIPE, f"run.output_dir={tmp_path}", "ema=true", "group_size=2", "limit=2"]) == 0
+    plain = tmp_path / "plain"
+    train(load_config(RECIPE, [f"run.output_dir={plain}", *FAST, "run.steps=1"]))
+    capsys.readouterr()
+    assert cli_main(["eval", RECIPE, f"run.output_dir={plain}", "ema=true"]) == 2
+    err = capsys.readouterr().err
+    assert "holds no EMA weights" in err and "optim.ema_decay>0" in err and len(err.strip().splitlines()) == 1
+
+
+def test_trackers_get_the_finite_metrics(tmp_path):
+    class FakeAccelerator:
+        trackers = ["fake"]
+        logged: list = []
+
+        def log(self, values, step):
+            self.logged.append((step, values))
+
+    acc = FakeAccelerator()
+    log = MetricsLog(tmp_path, acc)
+    log.log(3, {"reward/total_mean": 0.5, "kl/ref": float("nan")})
+    assert acc.logged == [(3, {"reward/total_mean": 0.5})]
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"step": 3, "reward/total_mean": 0.5,
+                                                                     "kl/ref": None}
+
+
+def test_report_is_self_contained(tmp_path):
+    train(load_config(RECIPE, [f"run.output_dir={tmp_path}", "run.progress=false", "sample.batch_size=32",
+                               "algo.micro_batch_size=16", "run.steps=3", "algo.kl_coef=0.01"]))
+    page = (tmp_path / "report.html").read_text()
+    refs = re.findall(r'(?:src|href)="([^"]*)"', page)
+    assert len(refs) >= 3 and all(r.startswith("data:image/png;base64,") for r in refs)  # reward, KL, loss curves
+    assert "<link" not in page and "<script" not in page
+    for needle in ("before training", "after training", "time/rollout", "time/update", "kl_coef: 0.01",
+                   "write "):
+        assert needle in page, needle
