@@ -32,7 +32,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     width = max(map(len, desc))
     for name, line in desc.items():
         meta = rewards.info(name)
-        print(f"{name:<{width}}  [{meta.get('input', '?'):<5}] {line}")
+        kind = "groupwise" if meta.get("kind") == "groupwise" else "pointwise"
+        print(f"{name:<{width}}  [{meta.get('input', '?'):<5} {kind:<9}] {line}")
     return 0
 
 

@@ -210,7 +210,13 @@ class TrustGRPO(Reward):
         return (a2 + w * t2).reshape(-1)  # [N]
 
 
-@REWARDS.register("trust_grpo", input="text", range="answer range + [0, base]", paper="SophiaVL-R1 (arXiv:2505.17018)")
+@REWARDS.register(
+    "trust_grpo",
+    input="text",
+    kind="groupwise",
+    range="answer range + [0, base]",
+    paper="SophiaVL-R1 (arXiv:2505.17018)",
+)
 def trust_grpo(
     *,
     answer: str | dict = "accuracy",
@@ -256,7 +262,13 @@ class CareBonus(Reward):
         return (a + bonus).reshape(-1)  # [N]
 
 
-@REWARDS.register("grpo_care", input="text", range="accuracy range * (1 + coef)", paper="GRPO-CARE (arXiv:2506.16141)")
+@REWARDS.register(
+    "grpo_care",
+    input="text",
+    kind="groupwise",
+    range="accuracy range * (1 + coef)",
+    paper="GRPO-CARE (arXiv:2506.16141)",
+)
 def grpo_care(
     *, accuracy: str | dict = "accuracy", margin: float = 0.01, coef: float = 0.5, min_accuracy: float = 0.1
 ) -> Reward:

@@ -120,7 +120,9 @@ class ChatJudge:
             return ""  # an empty or malformed reply is unparsable: the pair counts as a tie (0.5)
 
 
-@REWARDS.register("pairwise_judge", input="image", range="[0, 1]", paper="Pref-GRPO / UnifiedReward-Think")
+@REWARDS.register(
+    "pairwise_judge", input="image", kind="groupwise", range="[0, 1]", paper="Pref-GRPO / UnifiedReward-Think"
+)
 def pairwise_judge(
     *,
     url: str = "http://127.0.0.1:8080/v1",

@@ -18,7 +18,7 @@ class OcrReward(Reward):
     needs_prompts = True
     fields = ("texts",)
 
-    def __init__(self, *, model: str, device, dtype, batch_size: int, max_new_tokens: int):
+    def __init__(self, *, model: str, device, dtype, batch_size: int, max_new_tokens: int, substring: bool = False):
         from transformers import AutoImageProcessor, AutoTokenizer, VisionEncoderDecoderModel
 
         self.device, self.dtype, self.batch_size, self.max_new_tokens = (
@@ -27,6 +27,7 @@ class OcrReward(Reward):
             batch_size,
             max_new_tokens,
         )
+        self.substring = substring
         with loading(model, "ocr", "model"):
             self.image_processor = AutoImageProcessor.from_pretrained(model)
             self.tokenizer = AutoTokenizer.from_pretrained(model)
@@ -35,6 +36,7 @@ class OcrReward(Reward):
         self.preprocess = (
             "OCR image processor of the model; target = prompt's quoted text (or field texts); "
             "score = 1 - min(ED, len)/len on lower-cased text without spaces"
+            + ("; target inside the reading = 1" if substring else "")
         )
 
     @torch.no_grad()
@@ -62,7 +64,7 @@ class OcrReward(Reward):
                     f"prompt {i} ({prompts[i]!r}) has no quoted text to read; quote the text to render "
                     'like: a sign that says "OPEN", or pass field texts=[...]'
                 )
-        return [rules.ocr_similarity(r, t) for r, t in zip(self.read(samples), targets)]
+        return [rules.ocr_similarity(r, t, substring=self.substring) for r, t in zip(self.read(samples), targets)]
 
 
 @REWARDS.register("ocr", input="image", range="[0, 1]", paper="Flow-GRPO OCR reward (arXiv:2505.05470)")
@@ -73,6 +75,14 @@ def ocr(
     dtype: Any = torch.float32,
     batch_size: int = 16,
     max_new_tokens: int = 32,
+    substring: bool = False,
 ) -> Reward:
     """OCR: 1 - normalised edit distance between the prompt's quoted text and a TrOCR-style model's reading."""
-    return OcrReward(model=model, device=device, dtype=dtype, batch_size=batch_size, max_new_tokens=max_new_tokens)
+    return OcrReward(
+        model=model,
+        device=device,
+        dtype=dtype,
+        batch_size=batch_size,
+        max_new_tokens=max_new_tokens,
+        substring=substring,
+    )

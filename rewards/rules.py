@@ -293,13 +293,16 @@ def quoted_text(prompt: str) -> str | None:
     return " ".join(parts) if parts else None
 
 
-def ocr_similarity(reading: str, target: str) -> float:
+def ocr_similarity(reading: str, target: str, *, substring: bool = False) -> float:
     """1 - normalised edit distance between OCR reading and target, both lower-cased with whitespace removed.
 
     r = 1 - min(ED(reading, target), len(target)) / len(target) (Flow-GRPO OCR reward); an empty target scores 1.0
-    for an empty reading, else 0.
+    for an empty reading, else 0. substring=True scores 1.0 whenever the target appears inside the reading, as
+    Flow-GRPO does (extra rendered text then goes unpunished).
     """
     a, b = re.sub(r"\s+", "", reading).lower(), re.sub(r"\s+", "", target).lower()
     if not b:
         return 1.0 if not a else 0.0
+    if substring and b in a:
+        return 1.0
     return 1.0 - min(edit_distance(a, b), len(b)) / len(b)

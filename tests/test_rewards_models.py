@@ -240,6 +240,10 @@ def test_ocr_reads_with_generate_and_scores(tiny, images):
     out = r(images[:2], ['a sign that says "OOPS"', 'a sign that says "OOOOO"'])
     assert out.tolist() == [0.25, 1.0]
     assert r(images[:1], ["anything"], texts=["o o o o o"]).tolist() == [1.0]
+    # 'ooooo' vs 'ooo': 2 deletions -> 1 - 2/3; Flow-GRPO's substring rule (substring=True) gives 1
+    assert r(images[:1], ['says "OOO"']).item() == pytest.approx(1 / 3)
+    r.substring = True
+    assert r(images[:1], ['says "OOO"']).item() == 1.0
     with pytest.raises(ValueError, match="no quoted text"):
         r(images[:1], ["no quotes here"])
     assert rules.ocr_similarity("ooooo", "oops") == 0.25

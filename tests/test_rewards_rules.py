@@ -267,6 +267,11 @@ def test_ocr_similarity_and_quotes():
     assert rules.ocr_similarity("Hel1o World", "hello world") == pytest.approx(0.9)
     assert rules.ocr_similarity("completely different and long", "ab") == 0.0
     assert rules.ocr_similarity("", "") == 1.0
+    # extra text around the target: 'openextra' vs 'open' needs 5 deletions, capped at len 4 -> 1 - 4/4 = 0;
+    # Flow-GRPO's substring rule scores it 1.0
+    assert rules.ocr_similarity("OPEN extra", "open") == 0.0
+    assert rules.ocr_similarity("OPEN extra", "open", substring=True) == 1.0
+    assert rules.ocr_similarity("OPFN", "open", substring=True) == pytest.approx(0.75)  # 1 substitution of 4
 
 
 def test_rule_rewards_reject_non_text_and_unknown_fields():
