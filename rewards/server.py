@@ -1,6 +1,7 @@
 """HTTP reward server (stdlib ThreadingHTTPServer): POST /<name> scores a batch; requests are batched across clients.
 
-Loopback by default, optional bearer token. Images travel as base64 PNG; 400 bad payload, 401 token, 404 unknown name.
+Loopback by default, optional bearer token. Images travel as PNG: base64 inside the JSON batch, or one raw image/png
+body (prompt in the query string). 400 bad payload, 401 token, 404 unknown name.
 """
 
 import base64
@@ -11,6 +12,7 @@ import json
 import queue
 import threading
 import time
+import urllib.parse
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -205,7 +207,10 @@ class _Handler(BaseHTTPRequestHandler):
             )
             return
         try:
-            job = _parse(body, length)
+            if self.headers.get("Content-Type", "").split(";")[0].strip() == "image/png":
+                job = _parse_png(body, self.path)
+            else:
+                job = _parse(body, length)
         except ValueError as err:
             self._send(HTTPStatus.BAD_REQUEST, {"error": str(err)})
             return
@@ -248,6 +253,17 @@ def _parse(body: bytes, length: int) -> _Job:
     if not isinstance(fields, dict) or any(not isinstance(v, list) or len(v) != len(samples) for v in fields.values()):
         raise ValueError(f"'fields' must map names to lists with one entry per sample ({len(samples)})")
     return _Job(samples, prompts, fields, data.get("group_size"))
+
+
+def _parse_png(body: bytes, path: str) -> _Job:
+    """One raw PNG body (Content-Type: image/png), prompt in the query: `curl --data-binary @x.png URL?prompt=...`."""
+    query = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)
+    try:
+        image = Image.open(io.BytesIO(body)).convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError) as err:
+        raise ValueError(f"the image/png body is not a PNG image ({len(body)} bytes): {err}") from None
+    prompts = query.get("prompt")
+    return _Job([image], prompts[:1] if prompts else None, {}, None)
 
 
 def make_server(

@@ -266,6 +266,39 @@ def test_video_frames_reduce_over_sampled_frames():
         rewards.load("video_frames", image_reward="jpeg_incompressibility", reduce="median")
 
 
+@pytest.mark.parametrize("backend", ["decord", "av"])
+def test_video_frames_from_a_file(tmp_path, monkeypatch, backend):
+    # a 10-frame H.264 file whose frame t is flat grey 20*t; 4 frames at linspace(0, 9, 4) = 0, 3, 6, 9 -> greys
+    # 0, 60, 120, 180, mean 90. The image reward is the mean pixel / 255, so the video scores 90/255 (codec error
+    # on a flat frame is a few grey levels: tolerance 4/255)
+    import sys
+
+    av = pytest.importorskip("av")
+    if backend == "decord":
+        pytest.importorskip("decord")
+    else:
+        monkeypatch.setitem(sys.modules, "decord", None)  # import decord raises ImportError: the PyAV fallback
+    path = tmp_path / "grey.mp4"
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=8, options={"qp": "0"})
+        stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv444p"
+        for t in range(10):
+            frame = av.VideoFrame.from_ndarray(np.full((32, 32, 3), 20 * t, np.uint8), format="rgb24")
+            out.mux(stream.encode(frame))
+        out.mux(stream.encode())
+    from rewards.api import FunctionReward
+    from rewards.video import FrameReward
+
+    brightness = FunctionReward(
+        lambda s, p: [np.asarray(im, np.float64).mean() / 255 for im in s], name="brightness", input="image"
+    )
+    r = FrameReward(brightness, num_frames=4, reduce="mean")
+    assert r([str(path)]).item() == pytest.approx(90 / 255, abs=4 / 255)
+    assert FrameReward(brightness, num_frames=4, reduce="max")([str(path)]).item() == pytest.approx(
+        180 / 255, abs=4 / 255
+    )
+
+
 def test_video_model_hook():
     from rewards.video import VideoModelReward
 

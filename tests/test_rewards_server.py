@@ -67,6 +67,36 @@ def test_images_travel_as_png(server):
     assert remote(imgs).tolist() == pytest.approx(rewards.load("jpeg_incompressibility")(imgs).tolist())
 
 
+def test_raw_png_body(server):
+    # curl --data-binary @x.png -H "Content-Type: image/png" URL?prompt=...: one image, PNG bytes as the body
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    img = rng.integers(0, 256, size=(12, 20, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="PNG")
+
+    def post(body):
+        req = urllib.request.Request(
+            f"{server.url}/jpeg_incompressibility?prompt=a+noisy+patch",
+            data=body,
+            method="POST",
+            headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "image/png"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read())
+
+    code, body = post(buf.getvalue())
+    assert code == 200 and body["scores"] == pytest.approx(rewards.load("jpeg_incompressibility")([img]).tolist())
+    code, body = post(b"not a png")
+    assert code == 400 and "not a PNG" in body["error"]
+
+
 def test_groupwise_over_http(server):
     remote = rewards.load(f"{server.url}/pairwise", token=TOKEN)
     texts = ["<think>a</think><answer>b</answer>", "x", "y", "<think>a</think><answer>b</answer>"]
