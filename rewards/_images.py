@@ -67,9 +67,18 @@ def to_tensor(samples: Any) -> Tensor:
 
 
 def resize_crop_normalize(
-    x: Tensor, size: int, *, mean: tuple = CLIP_MEAN, std: tuple = CLIP_STD, crop: bool = True
+    x: Tensor,
+    size: int,
+    *,
+    mean: tuple = CLIP_MEAN,
+    std: tuple = CLIP_STD,
+    crop: bool = True,
+    clamp: bool = True,
 ) -> Tensor:
     """CLIP preprocessing in torch: bicubic resize of the shorter side to `size`, centre crop, (x - mean) / std.
+
+    The longer side becomes int(size * long / short), truncated as torchvision's Resize and CLIPImageProcessor do.
+    clamp=True clips the bicubic overshoot as PIL does; torchvision's tensor Resize (HPSv2's transform) does not.
 
     Args:
         x: [N, 3, H, W] in [0, 1].
@@ -78,13 +87,13 @@ def resize_crop_normalize(
     """
     n, c, h, w = x.shape
     if crop:
-        scale = size / min(h, w)
-        nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
+        nh, nw = (size, int(size * w / h)) if h <= w else (int(size * h / w), size)
     else:
         nh, nw = size, size
     if (nh, nw) != (h, w):
         x = F.interpolate(x, size=(nh, nw), mode="bicubic", align_corners=False, antialias=True)  # [N, 3, nh, nw]
-        x = x.clamp(0, 1)  # bicubic overshoots; PIL clips to uint8 range too
+        if clamp:
+            x = x.clamp(0, 1)  # bicubic overshoots; PIL clips to the uint8 range
     top, left = (nh - size) // 2, (nw - size) // 2
     x = x[:, :, top : top + size, left : left + size]  # [N, 3, size, size]
     m = torch.tensor(mean, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)

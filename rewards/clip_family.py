@@ -26,12 +26,18 @@ class ClipReward(Reward):
         self.device, self.dtype = parse_device(device), parse_dtype(dtype)
         self.batch_size, self.differentiable, self.use_autocast = batch_size, differentiable, use_autocast
         self.image_size, self.mean, self.std = 224, CLIP_MEAN, CLIP_STD
+        self.tensor_transform = False  # HPSv2 resizes the float tensor (ToTensor first), not the PIL image
 
     def pixels(self, samples: list[Any]) -> Tensor:
         """[N, 3, S, S] normalised pixels: the original processor on PIL, or the torch twin when differentiable."""
+        size, mean, std, clamp = self.image_size, self.mean, self.std, not self.tensor_transform
         if self.differentiable:
-            x = to_tensor(samples).to(self.device, self.dtype)  # [N, 3, H, W]
-            return resize_crop_normalize(x, self.image_size, mean=self.mean, std=self.std)
+            x = to_tensor(samples).to(self.device, self.dtype)  # [N, 3, H, W] in [0, 1]
+            return resize_crop_normalize(x, size, mean=mean, std=std, clamp=clamp)
+        if self.tensor_transform:  # image by image: sizes may differ; float32 like ToTensor, then cast
+            one = [resize_crop_normalize(to_tensor([im]), size, mean=mean, std=std, clamp=False) for im in
+                   to_pil_list(samples)]
+            return torch.cat(one).to(self.device, self.dtype)  # [N, 3, S, S]
         return self.processor_pixels(to_pil_list(samples)).to(self.device, self.dtype)
 
     def score(self, samples, prompts):
@@ -66,8 +72,10 @@ class OpenClipReward(ClipReward):
         batch_size: int,
         differentiable: bool,
         checkpoint_file: str = "",
+        tensor_transform: bool = False,
     ):
         super().__init__(device=device, dtype=dtype, batch_size=batch_size, differentiable=differentiable)
+        self.tensor_transform = tensor_transform
         import open_clip
 
         # fetch the checkpoint before building the model: offline, a missing file fails before a 1B-param init
@@ -86,8 +94,9 @@ class OpenClipReward(ClipReward):
         self.image_size = size[0] if isinstance(size, tuple | list) else int(size)
         self.mean = tuple(getattr(net.visual, "image_mean", None) or CLIP_MEAN)
         self.std = tuple(getattr(net.visual, "image_std", None) or CLIP_STD)
+        how = "ToTensor then bicubic tensor resize (HPSv2 transform, no clamp)" if tensor_transform else "bicubic resize"
         self.preprocess = (
-            f"open_clip {model}: bicubic resize shorter side to {self.image_size}, centre crop, "
+            f"open_clip {model}: {how} of the shorter side to {self.image_size}, centre crop, "
             f"normalise; score = {scale:g} * cos(image, prompt)"
         )
 
@@ -153,6 +162,7 @@ def hpsv2(
         batch_size=batch_size,
         differentiable=differentiable,
         checkpoint_file="HPS_v2.1_compressed.pt",
+        tensor_transform=True,
     )
 
 

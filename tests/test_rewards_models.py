@@ -53,6 +53,20 @@ def test_resize_crop_normalize_by_hand():
     torch.testing.assert_close(const, expect.float(), atol=1e-5, rtol=0)
 
 
+def test_resize_truncates_the_long_side_like_torchvision():
+    # 10x17 to shorter side 4: long side int(4 * 17 / 10) = int(6.8) = 6 (rounding would give 7 and shift the crop);
+    # crop columns (6 - 4) // 2 = 1..4. Checked against torchvision's tensor Resize + CenterCrop (HPSv2's transform)
+    from torchvision import transforms as T
+
+    x = torch.rand(1, 3, 10, 17, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    tv = T.Compose([T.Resize(4, interpolation=T.InterpolationMode.BICUBIC, antialias=True), T.CenterCrop(4)])
+    assert T.Resize(4, interpolation=T.InterpolationMode.BICUBIC)(x).shape[-2:] == (4, 6)
+    expect = (tv(x) - torch.tensor(CLIP_MEAN, dtype=torch.float64).view(1, 3, 1, 1)) / torch.tensor(
+        CLIP_STD, dtype=torch.float64
+    ).view(1, 3, 1, 1)
+    torch.testing.assert_close(resize_crop_normalize(x, 4, clamp=False), expect)
+
+
 def test_sample_indices_and_frames():
     assert sample_indices(10, 4) == [0, 3, 6, 9]  # linspace(0, 9, 4) = 0, 3, 6, 9
     assert sample_indices(9, 3) == [0, 4, 8]
@@ -130,14 +144,23 @@ def test_hps_and_clip_score_match_open_clip(tiny, images):
     cs = rewards.load(
         "clip_score", model=_tiny.TINY_OPEN_CLIP, pretrained=None, checkpoint=tiny["open_clip"], scale=100.0
     )
+    from torchvision import transforms as T
+
     model, _, preprocess = open_clip.create_model_and_transforms(_tiny.TINY_OPEN_CLIP, pretrained=None)
     model.load_state_dict(torch.load(tiny["open_clip"], weights_only=True)["state_dict"])
     model.eval()
+    # HPSv2's own open_clip fork: ToTensor first, then Resize/CenterCrop on the float tensor, then Normalize
+    hps_tf = T.Compose(
+        [T.ToTensor(), T.Resize(32, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(32),
+         T.Normalize(CLIP_MEAN, CLIP_STD)]
+    )
     with torch.no_grad():
-        img = F.normalize(model.encode_image(torch.stack([preprocess(p) for p in pils])), dim=-1)
         txt = F.normalize(model.encode_text(open_clip.get_tokenizer(_tiny.TINY_OPEN_CLIP)(PROMPTS)), dim=-1)
-        expect = (img * txt).sum(-1)
-    torch.testing.assert_close(hps(pils, PROMPTS), expect, atol=1e-5, rtol=1e-5)
+        img = F.normalize(model.encode_image(torch.stack([preprocess(p) for p in pils])), dim=-1)
+        img_hps = F.normalize(model.encode_image(torch.stack([hps_tf(p) for p in pils])), dim=-1)
+        expect, expect_hps = (img * txt).sum(-1), (img_hps * txt).sum(-1)
+    assert "ToTensor then bicubic tensor resize" in hps.preprocess
+    torch.testing.assert_close(hps(pils, PROMPTS), expect_hps, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(cs(pils, PROMPTS), 100 * expect, atol=1e-3, rtol=1e-5)
     diff = rewards.load("hpsv2", model=_tiny.TINY_OPEN_CLIP, checkpoint=tiny["open_clip"], differentiable=True)
     x = images.clone().requires_grad_(True)
