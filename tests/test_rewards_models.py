@@ -133,6 +133,13 @@ def test_aesthetic_matches_independent_path(tiny, images):
         for i in (0, 2, 4, 6, 7):  # Linear layers of the head (dropouts are identity at eval)
             h = h @ sd[f"layers.{i}.weight"].T + sd[f"layers.{i}.bias"]
     torch.testing.assert_close(r(pils), h.squeeze(-1), atol=1e-5, rtol=1e-5)
+    # differentiable: float [N, 3, H, W] in, gradient reaches the pixels, scores close to the PIL processor's
+    diff = rewards.load("aesthetic", model=tiny["clip"], head=tiny["head"], differentiable=True)
+    x = images.clone().requires_grad_(True)
+    s = diff(x)
+    s.sum().backward()
+    assert s.requires_grad and x.grad.abs().sum() > 0
+    torch.testing.assert_close(s.detach(), h.squeeze(-1).float(), atol=0.05, rtol=0.05)
 
 
 # ---- open_clip: HPSv2.1 and CLIP score ------------------------------------------------------------------------------

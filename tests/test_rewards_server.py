@@ -166,3 +166,39 @@ def test_loopback_load_200_concurrent_requests(server):
     calls = server.batchers["edit_similarity"].calls - calls_before
     assert 1 <= calls <= n  # requests were merged into at most n model calls
     print(f"load test: {n} concurrent requests answered correctly in {calls} batched reward calls, {wall:.2f} s")
+
+
+def test_batcher_merges_queued_requests_into_one_call():
+    # deterministic cross-client batching: the first call blocks until 9 more requests wait in the queue;
+    # those 9 (from 9 client threads) are then scored by ONE reward call, each getting its own slice back
+    from rewards.api import FunctionReward
+    from rewards.server import Batcher, _Job
+
+    release, calls = threading.Event(), []
+
+    def score(samples, prompts):
+        calls.append(list(samples))
+        if len(calls) == 1:
+            release.wait(30)
+        return [float(len(t)) for t in samples]
+
+    batcher = Batcher(FunctionReward(score, name="len"), max_batch=64, wait_s=0.01)
+    results = {}
+
+    def client(i):
+        results[i] = batcher.submit(_Job(["x" * i, "y" * (i + 10)], None, {}, None), timeout=60)
+
+    first = threading.Thread(target=client, args=(0,))
+    first.start()
+    while not calls:  # the worker is inside the first call
+        time.sleep(0.001)
+    others = [threading.Thread(target=client, args=(i,)) for i in range(1, 10)]
+    for t in others:
+        t.start()
+    while batcher.jobs.qsize() < 9:
+        time.sleep(0.001)
+    release.set()
+    for t in [first, *others]:
+        t.join(60)
+    assert len(calls) == 2 and len(calls[1]) == 18  # 9 requests x 2 samples merged into the second call
+    assert results == {i: [float(i), float(i + 10)] for i in range(10)}
