@@ -77,7 +77,8 @@ def missing_model_message(model_id: str, reward: str, kwarg: str = "model", *, f
         "a local directory", "/path/to/dir")
     return (
         f"model {model_id!r} is not in the local Hugging Face cache and {why}; download it elsewhere and pass "
-        f'{what}: rewards.load({reward!r}, {kwarg}="{example}")'
+        f'{what}: rewards.load({reward!r}, {kwarg}="{example}") (CLI: --kw {kwarg}={example}; '
+        f"config: kwargs: {{{kwarg}: {example}}})"
     )
 
 

@@ -366,7 +366,7 @@ def test_missing_model_offline_is_one_line(tiny, name, kwargs, model_id, kwarg, 
     assert "\n" not in msg and repr(model_id) in msg and "HF_HUB_OFFLINE=1" in msg
     # a single downloaded file (checkpoint, head, ImageReward.pt) is passed as a file path, a model as a directory
     local = "/path/to/" + model_id.rsplit("/", 1)[-1] if model_id.endswith((".pt", ".pth")) else "/path/to/dir"
-    assert f'rewards.load({name!r}, {kwarg}="{local}")' in msg
+    assert f'rewards.load({name!r}, {kwarg}="{local}")' in msg and f"--kw {kwarg}={local}" in msg
 
 
 def test_shapes_geneval_wrapper():
