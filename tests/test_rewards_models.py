@@ -304,6 +304,8 @@ def test_video_frames_from_a_file(tmp_path, monkeypatch, backend):
     import sys
 
     av = pytest.importorskip("av")
+    if "libx264" not in av.codecs_available:
+        pytest.skip("this PyAV build has no libx264 encoder")
     if backend == "decord":
         pytest.importorskip("decord")
     else:
@@ -327,6 +329,26 @@ def test_video_frames_from_a_file(tmp_path, monkeypatch, backend):
     assert FrameReward(brightness, num_frames=4, reduce="max")([str(path)]).item() == pytest.approx(
         180 / 255, abs=4 / 255
     )
+
+
+def test_registered_video_model_loads_by_name():
+    # a VideoAlign-style model plugs in by name, so RewardSet, the server and the CLI can use it
+    from rewards.api import REWARDS
+    from rewards.video import VideoModelReward, register_video_model
+
+    def factory(num_frames: int = 3):
+        return VideoModelReward(lambda videos, prompts: [len(v) * 1.0 for v in videos], num_frames=num_frames)
+
+    register_video_model("test_frames_seen", factory, range="[0, inf)", paper="test")
+    try:
+        per, total = rewards.RewardSet([{"name": "test_frames_seen", "weight": 2.0}])(
+            [torch.rand(10, 3, 4, 4), torch.rand(2, 3, 4, 4)], ["a", "b"]
+        )
+        assert rewards.info("test_frames_seen")["input"] == "video"
+        assert per.tolist() == [[3.0], [2.0]] and total.tolist() == [6.0, 4.0]  # 3 sampled frames; a 2-frame video
+    finally:
+        REWARDS._items.pop("test_frames_seen", None)
+        REWARDS._meta.pop("test_frames_seen", None)
 
 
 def test_video_model_hook():

@@ -202,3 +202,53 @@ def test_batcher_merges_queued_requests_into_one_call():
         t.join(60)
     assert len(calls) == 2 and len(calls[1]) == 18  # 9 requests x 2 samples merged into the second call
     assert results == {i: [float(i), float(i + 10)] for i in range(10)}
+
+
+def test_client_retries_5xx_but_not_4xx():
+    # a flaky server: the first POST answers 503 (retried), a POST of "bad" answers 400 (raised at once, no retry)
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    posts = []
+
+    class Flaky(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args):
+            pass
+
+        def _send(self, code, payload):
+            body = json.dumps(payload).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self):
+            info = {"name": "t", "kind": "pointwise", "input": "text", "preprocess": "", "fields": [],
+                    "needs_prompts": False}
+            self._send(200, info)
+
+        def do_POST(self):
+            data = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            posts.append(data["samples"][0]["text"])
+            if data["samples"][0]["text"] == "bad":
+                self._send(400, {"error": "bad sample"})
+            elif len(posts) == 1:
+                self._send(503, {"error": "warming up"})
+            else:
+                self._send(200, {"scores": [7.0]})
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        client = rewards.load(f"http://127.0.0.1:{srv.server_address[1]}/t", retries=2, backoff=0.01)
+        assert client(["ok"]).tolist() == [7.0] and posts == ["ok", "ok"]
+        with pytest.raises(ValueError, match="400: bad sample"):
+            client(["bad"])
+        assert posts == ["ok", "ok", "bad"]
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        thread.join(timeout=10)
