@@ -73,8 +73,11 @@ def _hub_offline() -> bool:
 
 def missing_model_message(model_id: str, reward: str, kwarg: str = "model", *, file: bool = False) -> str:
     why = "the Hub is unreachable (HF_HUB_OFFLINE=1)" if _hub_offline() else "it could not be downloaded"
-    what, example = ("the downloaded file", "/path/to/" + model_id.rsplit("/", 1)[-1]) if file else (
-        "a local directory", "/path/to/dir")
+    what, example = (
+        ("the downloaded file", "/path/to/" + model_id.rsplit("/", 1)[-1])
+        if file
+        else ("a local directory", "/path/to/dir")
+    )
     return (
         f"model {model_id!r} is not in the local Hugging Face cache and {why}; download it elsewhere and pass "
         f'{what}: rewards.load({reward!r}, {kwarg}="{example}") (CLI: --kw {kwarg}={example}; '

@@ -70,9 +70,8 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from rewards.server import make_server
-
     from rewards.client import TOKEN_ENV
+    from rewards.server import make_server
 
     names = [n.strip() for n in args.rewards.split(",") if n.strip()]
     token = args.token or os.environ.get(TOKEN_ENV) or None

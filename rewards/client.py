@@ -43,8 +43,14 @@ class HttpReward(Reward):
 
     def _request(self, method: str, payload: dict | None) -> dict:
         return request_json(
-            method, self.url, payload, token=self.token, timeout=self.timeout, retries=self.retries,
-            backoff=self.backoff, what="reward server",
+            method,
+            self.url,
+            payload,
+            token=self.token,
+            timeout=self.timeout,
+            retries=self.retries,
+            backoff=self.backoff,
+            what="reward server",
         )
 
     def score(self, samples, prompts, **fields):

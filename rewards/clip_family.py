@@ -35,8 +35,10 @@ class ClipReward(Reward):
             x = to_tensor(samples).to(self.device, self.dtype)  # [N, 3, H, W] in [0, 1]
             return resize_crop_normalize(x, size, mean=mean, std=std, clamp=clamp)
         if self.tensor_transform:  # image by image: sizes may differ; float32 like ToTensor, then cast
-            one = [resize_crop_normalize(to_tensor([im]), size, mean=mean, std=std, clamp=False) for im in
-                   to_pil_list(samples)]
+            one = [
+                resize_crop_normalize(to_tensor([im]), size, mean=mean, std=std, clamp=False)
+                for im in to_pil_list(samples)
+            ]
             return torch.cat(one).to(self.device, self.dtype)  # [N, 3, S, S]
         return self.processor_pixels(to_pil_list(samples)).to(self.device, self.dtype)
 
@@ -94,7 +96,9 @@ class OpenClipReward(ClipReward):
         self.image_size = size[0] if isinstance(size, tuple | list) else int(size)
         self.mean = tuple(getattr(net.visual, "image_mean", None) or CLIP_MEAN)
         self.std = tuple(getattr(net.visual, "image_std", None) or CLIP_STD)
-        how = "ToTensor then bicubic tensor resize (HPSv2 transform, no clamp)" if tensor_transform else "bicubic resize"
+        how = (
+            "ToTensor then bicubic tensor resize (HPSv2 transform, no clamp)" if tensor_transform else "bicubic resize"
+        )
         self.preprocess = (
             f"open_clip {model}: {how} of the shorter side to {self.image_size}, centre crop, "
             f"normalise; score = {scale:g} * cos(image, prompt)"

@@ -62,8 +62,10 @@ class RewardSet:
         # labels name the columns (metrics reward/<label>/mean); one reward may appear twice with other kwargs
         self.names = [label for _, _, _, label in parsed]
         if len(set(self.names)) != len(self.names):
-            raise ValueError(f"reward labels must be unique in a RewardSet, got {self.names}; give repeated "
-                             "rewards a 'label', e.g. {name: shapes_geneval, label: strict, kwargs: {mode: strict}}")
+            raise ValueError(
+                f"reward labels must be unique in a RewardSet, got {self.names}; give repeated "
+                "rewards a 'label', e.g. {name: shapes_geneval, label: strict, kwargs: {mode: strict}}"
+            )
         self.weights = torch.tensor([w for _, w, _, _ in parsed], dtype=torch.float32)  # [R]
         defaults = {"device": device, "dtype": dtype}
         self.rewards = [load(name, **_with_defaults(name, kw, defaults)) for name, _, kw, _ in parsed]

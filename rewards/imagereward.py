@@ -28,34 +28,46 @@ def original_config(sd: dict[str, torch.Tensor] | None = None, *, head_dim: int 
     """
     from transformers import BlipConfig
 
-    vision = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, image_size=224, patch_size=16)
-    text = dict(vocab_size=30524, hidden_size=768, encoder_hidden_size=1024, intermediate_size=3072,
-                num_hidden_layers=12, max_position_embeddings=512)
+    vision = {
+        "hidden_size": 1024,
+        "intermediate_size": 4096,
+        "num_hidden_layers": 24,
+        "image_size": 224,
+        "patch_size": 16,
+    }
+    text = {
+        "vocab_size": 30524,
+        "hidden_size": 768,
+        "encoder_hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 12,
+        "max_position_embeddings": 512,
+    }
     if sd is not None:
         v, t = "blip.visual_encoder.", "blip.text_encoder."
         patch = sd[v + "patch_embed.proj.weight"].shape[-1]
         grid = round((sd[v + "pos_embed"].shape[1] - 1) ** 0.5)  # pos_embed [1, 1 + grid^2, D]
-        vision = dict(
-            hidden_size=sd[v + "cls_token"].shape[-1],
-            intermediate_size=sd[v + "blocks.0.mlp.fc1.weight"].shape[0],
-            num_hidden_layers=_count_blocks(sd, v + "blocks."),
-            image_size=grid * patch,
-            patch_size=patch,
-        )
+        vision = {
+            "hidden_size": sd[v + "cls_token"].shape[-1],
+            "intermediate_size": sd[v + "blocks.0.mlp.fc1.weight"].shape[0],
+            "num_hidden_layers": _count_blocks(sd, v + "blocks."),
+            "image_size": grid * patch,
+            "patch_size": patch,
+        }
         words = sd[t + "embeddings.word_embeddings.weight"]  # [V, D]
-        text = dict(
-            vocab_size=words.shape[0],
-            hidden_size=words.shape[1],
-            encoder_hidden_size=sd[t + "encoder.layer.0.crossattention.self.key.weight"].shape[1],
-            intermediate_size=sd[t + "encoder.layer.0.intermediate.dense.weight"].shape[0],
-            num_hidden_layers=_count_blocks(sd, t + "encoder.layer."),
-            max_position_embeddings=sd[t + "embeddings.position_embeddings.weight"].shape[0],
-        )
+        text = {
+            "vocab_size": words.shape[0],
+            "hidden_size": words.shape[1],
+            "encoder_hidden_size": sd[t + "encoder.layer.0.crossattention.self.key.weight"].shape[1],
+            "intermediate_size": sd[t + "encoder.layer.0.intermediate.dense.weight"].shape[0],
+            "num_hidden_layers": _count_blocks(sd, t + "encoder.layer."),
+            "max_position_embeddings": sd[t + "embeddings.position_embeddings.weight"].shape[0],
+        }
     for cfg in (vision, text):
         if cfg["hidden_size"] % head_dim:
             raise ValueError(f"width {cfg['hidden_size']} is not a multiple of head_dim={head_dim}")
         cfg["num_attention_heads"] = cfg["hidden_size"] // head_dim
-    return BlipConfig(vision_config=dict(vision, layer_norm_eps=1e-6), text_config=text)
+    return BlipConfig(vision_config={**vision, "layer_norm_eps": 1e-6}, text_config=text)
 
 
 def _count_blocks(sd: dict, prefix: str) -> int:

@@ -111,8 +111,14 @@ class ChatJudge:
             "temperature": self.temperature,
         }
         reply = request_json(
-            "POST", self.url, payload, token=self.token, timeout=self.timeout, retries=self.retries,
-            backoff=self.backoff, what="judge",
+            "POST",
+            self.url,
+            payload,
+            token=self.token,
+            timeout=self.timeout,
+            retries=self.retries,
+            backoff=self.backoff,
+            what="judge",
         )
         try:
             return reply["choices"][0]["message"]["content"] or ""

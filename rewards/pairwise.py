@@ -156,9 +156,7 @@ class PairwiseReward(Reward):
         return self.win_matrix(samples, prompts, group_size=group_size, **fields)[1].reshape(-1)  # [N]
 
 
-@REWARDS.register(
-    "pairwise", input="image", kind="groupwise", range="[0, 1]", paper="Pref-GRPO (arXiv:2508.20751)"
-)
+@REWARDS.register("pairwise", input="image", kind="groupwise", range="[0, 1]", paper="Pref-GRPO (arXiv:2508.20751)")
 def pairwise(
     *, base: str = "pickscore", base_kwargs: dict | None = None, tie_eps: float = 0.0, temperature: float | None = None
 ) -> Reward:

@@ -205,8 +205,12 @@ def test_jpeg_rewards_match_pil_and_accept_all_image_types():
 def test_labels_let_one_reward_appear_twice():
     from rewards import RewardSet
 
-    rs = RewardSet([{"name": "format", "kwargs": {"mode": "strict"}},
-                    {"name": "format", "label": "format_lenient", "weight": 0.0, "kwargs": {"mode": "lenient"}}])
+    rs = RewardSet(
+        [
+            {"name": "format", "kwargs": {"mode": "strict"}},
+            {"name": "format", "label": "format_lenient", "weight": 0.0, "kwargs": {"mode": "lenient"}},
+        ]
+    )
     assert rs.names == ["format", "format_lenient"] and rs.weights.tolist() == [1.0, 0.0]
     with pytest.raises(ValueError, match="give repeated rewards a 'label'"):
         RewardSet([{"name": "format"}, {"name": "format"}])

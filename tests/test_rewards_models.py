@@ -158,8 +158,12 @@ def test_hps_and_clip_score_match_open_clip(tiny, images):
     model.eval()
     # HPSv2's own open_clip fork: ToTensor first, then Resize/CenterCrop on the float tensor, then Normalize
     hps_tf = T.Compose(
-        [T.ToTensor(), T.Resize(32, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(32),
-         T.Normalize(CLIP_MEAN, CLIP_STD)]
+        [
+            T.ToTensor(),
+            T.Resize(32, interpolation=T.InterpolationMode.BICUBIC),
+            T.CenterCrop(32),
+            T.Normalize(CLIP_MEAN, CLIP_STD),
+        ]
     )
     with torch.no_grad():
         txt = F.normalize(model.encode_text(open_clip.get_tokenizer(_tiny.TINY_OPEN_CLIP)(PROMPTS)), dim=-1)

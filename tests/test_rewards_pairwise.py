@@ -112,10 +112,17 @@ def fake_judge_server():
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             parts = body["messages"][0]["content"]
             urls = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
-            text = [p["text"] for p in parts if p["type"] == "text"][0]
-            seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "model": body["model"],
-                         "n_images": len(urls), "text": text, "jpeg": all(u.startswith("data:image/jpeg;base64,")
-                                                                          for u in urls)})
+            text = next(p["text"] for p in parts if p["type"] == "text")
+            seen.append(
+                {
+                    "path": self.path,
+                    "auth": self.headers.get("Authorization"),
+                    "model": body["model"],
+                    "n_images": len(urls),
+                    "text": text,
+                    "jpeg": all(u.startswith("data:image/jpeg;base64,") for u in urls),
+                }
+            )
             pix = [np.asarray(Image.open(io.BytesIO(base64.b64decode(u.split(",", 1)[1])))).mean() for u in urls]
             half = len(pix) // 2
             first, second = float(np.mean(pix[:half])), float(np.mean(pix[half:]))
@@ -151,8 +158,15 @@ def test_vlm_judge_over_openai_endpoint(fake_judge_server):
     out = r(imgs, ["a grey square"] * 4, group_size=4)
     assert out.tolist() == pytest.approx([1.0, 0.0, 0.5, 0.5])
     assert len(seen) == 6  # C(4, 2) pairs, each asked once
-    assert all(s["path"] == "/v1/chat/completions" and s["auth"] == "Bearer tok" and s["model"] == "judge-8b"
-               and s["n_images"] == 2 and s["jpeg"] and "「a grey square」" in s["text"] for s in seen)
+    assert all(
+        s["path"] == "/v1/chat/completions"
+        and s["auth"] == "Bearer tok"
+        and s["model"] == "judge-8b"
+        and s["n_images"] == 2
+        and s["jpeg"]
+        and "「a grey square」" in s["text"]
+        for s in seen
+    )
     assert "Image 1 is better" in seen[0]["text"] and "<answer>" in seen[0]["text"]
 
 

@@ -24,8 +24,10 @@ def server():
         host="127.0.0.1",
         port=0,
         token=TOKEN,
-        reward_kwargs={"pairwise": {"base": "format"}, "trust_grpo": {"answer": {"name": "accuracy",
-                                                                              "kwargs": {"use_math_verify": False}}}},
+        reward_kwargs={
+            "pairwise": {"base": "format"},
+            "trust_grpo": {"answer": {"name": "accuracy", "kwargs": {"use_math_verify": False}}},
+        },
         device="cpu",
         wait_ms=20,
     )
@@ -113,7 +115,7 @@ def test_scalar_fields_and_token_from_the_environment(server, monkeypatch):
     remote = rewards.load(f"{server.url}/trust_grpo")
     local = rewards.load("trust_grpo", answer={"name": "accuracy", "kwargs": {"use_math_verify": False}})
     texts = ["<think>a</think><answer>4</answer>", "<answer>5</answer>", "<answer>4</answer>", "x"]
-    kw = dict(group_size=2, answers=["4"] * 4, step=30)
+    kw = {"group_size": 2, "answers": ["4"] * 4, "step": 30}
     torch.testing.assert_close(remote(texts, **kw), local(texts, **kw))
     monkeypatch.delenv(TOKEN_ENV)
     with pytest.raises(ValueError, match="401"):
@@ -225,8 +227,14 @@ def test_client_retries_5xx_but_not_4xx():
             self.wfile.write(body)
 
         def do_GET(self):
-            info = {"name": "t", "kind": "pointwise", "input": "text", "preprocess": "", "fields": [],
-                    "needs_prompts": False}
+            info = {
+                "name": "t",
+                "kind": "pointwise",
+                "input": "text",
+                "preprocess": "",
+                "fields": [],
+                "needs_prompts": False,
+            }
             self._send(200, info)
 
         def do_POST(self):
