@@ -45,6 +45,32 @@ def test_declared_kind_matches_the_loaded_reward():
     assert rewards.info("pairwise_judge")["kind"] == "groupwise"
 
 
+_TEXTS = ["<think>r</think><answer>B</answer>", "<answer>[0, 0, 2, 2]</answer>"]
+_CONTRACT = {  # every reward that needs no model: fields for two samples
+    "format": {},
+    "accuracy": {"answers": ["B", "4"]},
+    "multiple_choice": {"answers": ["B", "C"]},
+    "numeric": {"answers": [1, 2]},
+    "box_iou": {"boxes": [[0, 0, 1, 1], [0, 0, 2, 2]]},
+    "temporal_iou": {"spans": [(0, 1), (0, 2)]},
+    "cosine_length": {"correct": [True, False]},
+    "overlong": {"lengths": [10, 2000]},
+    "wer": {"answers": ["B", "x"]},
+    "edit_similarity": {"answers": ["B", "x"]},
+    "trust_grpo": {"answers": ["B", "4"], "step": 0, "group_size": 2},
+    "grpo_care": {"answers": ["B", "4"], "likelihood": [0.5, 0.4], "group_size": 2},
+}
+
+
+@pytest.mark.parametrize("name", sorted(_CONTRACT))
+def test_reward_contract(name):
+    # declared kind/input/preprocessing, and a float32 [N] tensor back for every model-free rule reward
+    r = rewards.load(name)
+    out = r(_TEXTS, ["q", "q"], **_CONTRACT[name])
+    assert out.dtype == torch.float32 and out.shape == (2,) and torch.isfinite(out).all()
+    assert r.input == rewards.info(name)["input"] and r.kind in ("pointwise", "groupwise") and r.preprocess
+
+
 def test_readme_table_has_every_reward():
     # Done-when of the rewards issue: the README "Rewards" table lists every reward with input, range, source, load
     from pathlib import Path
