@@ -33,8 +33,13 @@ class OcrReward(Reward):
             self.tokenizer = AutoTokenizer.from_pretrained(model)
             net = VisionEncoderDecoderModel.from_pretrained(model)
         self.model = net.to(self.device, self.dtype).eval().requires_grad_(False)
+        ip = self.image_processor
+        size = dict(getattr(ip, "size", None) or {})  # TrOCR: {"height": 384, "width": 384}, resized without crop
+        res = f"{size.get('height', '?')}x{size.get('width', '?')}" if "height" in size else str(size or "model's")
+        mean, std = getattr(ip, "image_mean", None), getattr(ip, "image_std", None)
         self.preprocess = (
-            "OCR image processor of the model; target = prompt's quoted text (or field texts); "
+            f"{type(ip).__name__}: resize to {res}, normalise mean {mean} std {std}; greedy decode; "
+            "target = prompt's quoted text (or field texts); "
             "score = 1 - min(ED, len)/len on lower-cased text without spaces"
             + ("; target inside the reading = 1" if substring else "")
         )

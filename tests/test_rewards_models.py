@@ -262,6 +262,12 @@ def test_imagereward_original_checkpoint_conversion(tiny):
 # ---- OCR (TrOCR-style VisionEncoderDecoder) -----------------------------------------------------------------------
 def test_ocr_reads_with_generate_and_scores(tiny, images):
     r = rewards.load("ocr", model=tiny["ocr"], max_new_tokens=5)
+    # preprocessing by hand: a flat 40x60 image of grey 51 (= 0.2) resized to 32x32 stays flat, (0.2 - 0.5) / 0.5
+    assert "resize to 32x32" in r.preprocess
+    flat = Image.fromarray(np.full((40, 60, 3), 51, np.uint8))
+    pix = r.image_processor(images=[flat], return_tensors="pt")["pixel_values"]
+    assert pix.shape == (1, 3, 32, 32)
+    torch.testing.assert_close(pix, torch.full((1, 3, 32, 32), -0.6), atol=1e-5, rtol=0)
     o_id = r.tokenizer.convert_tokens_to_ids("o")
     proj = torch.nn.Linear(32, len(r.tokenizer), bias=True)  # force the decoder to emit "o" at every step
     with torch.no_grad():
