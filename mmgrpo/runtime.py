@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 
 from mmgrpo.config import Config
 
@@ -123,3 +124,44 @@ def first_message(accelerator: Accelerator, message: str | None) -> str | None:
     from accelerate.utils import gather_object
 
     return next((m for m in gather_object([message]) if m), None)
+
+
+def is_sharded(accelerator: Accelerator) -> bool:
+    """FSDP shards weights and optimizer state over ranks; checkpoints then gather them collectively."""
+    return accelerator.distributed_type == DistributedType.FSDP
+
+
+def full_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Plain full tensors from possibly sharded ones (FSDP2 DTensors): a collective, so every rank calls it."""
+    from torch.distributed.tensor import DTensor
+
+    return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()}
+
+
+def shard_like(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """A full tensor laid out like `target`: sharded the same way when target is a DTensor, else unchanged."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(target, DTensor):
+        return distribute_tensor(value.to(target.device, target.dtype), target.device_mesh, target.placements)
+    return value
+
+
+def optimizer_state(accelerator: Accelerator, model: torch.nn.Module, optimizer) -> dict:
+    """The optimizer state to checkpoint; under FSDP the full state gathered from every rank (all ranks call)."""
+    if not is_sharded(accelerator):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer.optimizer,
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(accelerator: Accelerator, model: torch.nn.Module, optimizer, state: dict) -> None:
+    if not is_sharded(accelerator):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer.optimizer, optim_state_dict=state,
+                             options=StateDictOptions(full_state_dict=True))

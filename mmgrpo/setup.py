@@ -11,13 +11,24 @@ from typing import Any
 import torch
 import yaml
 from accelerate import Accelerator
+from accelerate.utils import DistributedType
 
 from mmgrpo import checkpoint, sampling
 from mmgrpo.config import Config
 from mmgrpo.errors import UserError
 from mmgrpo.plugins import PIPELINES, load_plugins
 from mmgrpo.report import write_report
-from mmgrpo.runtime import EMA, build_optimizer, build_scheduler, make_accelerator
+from mmgrpo.runtime import (
+    EMA,
+    build_optimizer,
+    build_scheduler,
+    full_tensors,
+    is_sharded,
+    load_optimizer_state,
+    make_accelerator,
+    optimizer_state,
+    shard_like,
+)
 from mmgrpo.tracking import MetricsLog
 from mmgrpo.types import Task
 
@@ -102,29 +113,43 @@ def _prepare_dirs(cfg: Config) -> tuple[Path, Path]:
     return run_dir, run_dir / "checkpoints"
 
 
-def setup(cfg: Config) -> Run:
-    """Everything before step one: dirs, accelerate, the pipeline's task, rewards, optimizer, resume."""
-    run_dir, ckpt_root = _prepare_dirs(cfg)
-    acc = make_accelerator(cfg)
+def _check_launch(cfg: Config, acc: Accelerator) -> None:
     b_prompts = cfg.sample.batch_size // cfg.sample.group_size
     if b_prompts % acc.num_processes:
         raise UserError(f"sample.batch_size / sample.group_size = {b_prompts} prompts per step cannot be split over "
                         f"{acc.num_processes} processes; make it a multiple of {acc.num_processes}")
+    if acc.distributed_type == DistributedType.DEEPSPEED:
+        raise UserError("accelerate config: DeepSpeed steps the optimizer inside backward(), which the mmgrpo loop "
+                        "cannot use (it accumulates micro-batches and skips NaN updates itself); launch with "
+                        "configs/accelerate/fsdp.yaml (sharded) or configs/accelerate/ddp.yaml instead")
+
+
+def setup(cfg: Config) -> Run:
+    """Everything before step one: dirs, accelerate, the pipeline's task, rewards, optimizer, resume."""
+    run_dir, ckpt_root = _prepare_dirs(cfg)
+    acc = make_accelerator(cfg)
+    _check_launch(cfg, acc)
     torch.manual_seed(cfg.run.seed)
     task = build_task(cfg, acc.device)
     reward_set = build_rewards(cfg, task, acc.device)
-    params = list(task.policy.trainable_parameters())
-    model, optimizer = acc.prepare(task.module, build_optimizer(params, cfg))
+    ckpt = _find_checkpoint(cfg, acc, ckpt_root)
+    data = checkpoint.load(ckpt, acc.process_index) if ckpt is not None else None
+    if data is not None:
+        task.policy.load_state_dict(data["weights"])  # before prepare, which may shard what is loaded (FSDP)
+    model, optimizer = acc.prepare(task.module, build_optimizer(list(task.policy.trainable_parameters()), cfg))
     names = {id(p): n for n, p in task.module.named_parameters()}
+    params = list(task.policy.trainable_parameters())  # after prepare: FSDP swaps in sharded parameters
     ema = EMA({names[id(p)]: p for p in params}, cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else None
     sampler = sampling.make_sampler(cfg.sample.sampler, len(task.train_data), seed=cfg.run.seed,
                                     **cfg.sample.sampler_kwargs)
     run = Run(cfg, acc, task, task.policy, model, optimizer, build_scheduler(optimizer, cfg), sampler, reward_set,
               ema, run_dir, ckpt_root, None)
-    resume_step, saved_metrics = _resume(run)
+    if data is not None:
+        _restore(run, ckpt, data)
     if acc.is_main_process:
         cfg.save(run_dir / "config.yaml")
-        run.metrics_log = MetricsLog(run_dir, acc, resume_step, saved=saved_metrics)
+        run.metrics_log = MetricsLog(run_dir, acc, run.start_step if data is not None else None,
+                                     saved=data["metrics_jsonl"] if data is not None else "")
         if cfg.run.trackers:
             acc.init_trackers(run_dir.name, config=_flat(cfg.to_dict()))
     if cfg.run.progress and acc.is_main_process:
@@ -155,54 +180,67 @@ def _config_changes(saved: Path, cfg: Config) -> str:
     return ", ".join(diffs[:8]) + (f" and {len(diffs) - 8} more" if len(diffs) > 8 else "")
 
 
-def _resume(run: Run) -> tuple[int | None, str]:
-    """Restore the newest valid checkpoint (resume=auto) or a given one; returns its step (or None) and the
-    metrics.jsonl rows it saved."""
-    cfg, acc = run.cfg, run.accelerator
+def _find_checkpoint(cfg: Config, acc: Accelerator, root: Path) -> Path | None:
+    """The checkpoint to resume from: the newest valid one (resume=auto), a given one, or None."""
     if acc.is_main_process:
-        checkpoint.clear_tmp(run.ckpt_root)
+        checkpoint.clear_tmp(root)
     acc.wait_for_everyone()
     if cfg.run.resume == "never":
-        return None, ""
-    path = checkpoint.latest_valid(run.ckpt_root, log=run.say) if cfg.run.resume == "auto" else Path(cfg.run.resume)
+        return None
+
+    def say(msg: str) -> None:
+        if acc.is_main_process:
+            print(msg, flush=True)
+
+    path = checkpoint.latest_valid(root, log=say) if cfg.run.resume == "auto" else Path(cfg.run.resume)
     if path is None:
-        return None, ""
+        return None
     reason = checkpoint.check(path)
     if reason:
         raise UserError(f"run.resume ({str(path)!r}) is not a valid checkpoint: {reason}; pass another one or auto")
-    data = checkpoint.load(path, acc.process_index)
-    run.policy.load_state_dict(data["weights"])
+    return path
+
+
+def _restore(run: Run, path: Path, data: dict[str, Any]) -> None:
+    """Optimizer, schedule, sampler, EMA, RNG and counters of a checkpoint (the weights were loaded before prepare)."""
     st = data["state"]
-    run.optimizer.load_state_dict(st["optimizer"])
+    load_optimizer_state(run.accelerator, run.model, run.optimizer, st["optimizer"])
     run.scheduler.load_state_dict(st["scheduler"])
     run.sampler.load_state_dict(st["sampler"])
     if run.ema is not None and "ema" in data:
         for k, v in data["ema"].items():
-            run.ema.shadow[k].copy_(v)
+            run.ema.shadow[k].copy_(shard_like(v, run.ema.shadow[k]))
     if data["rng"] is not None:
         checkpoint.set_rng_state(data["rng"])
     run.start_step, run.bad_streak, run.last_saved = st["step"], st.get("bad_streak", 0), st["step"]
-    changed = _config_changes(path / "config.yaml", cfg)
+    changed = _config_changes(path / "config.yaml", run.cfg)
     run.say(f"resumed from {path} at step {st['step']}" + (f" (config changed since: {changed})" if changed else ""))
-    return st["step"], data["metrics_jsonl"]
 
 
 def save_checkpoint(run: Run, step: int) -> None:
-    """Atomic save: every rank writes its RNG file, rank 0 writes the rest, then rank 0 renames the directory."""
+    """Atomic save: every rank writes its RNG file, rank 0 writes the rest, then rank 0 renames the directory.
+
+    Under FSDP every rank joins in gathering the sharded weights, EMA and optimizer state; otherwise only rank 0
+    copies them (a full copy per rank would cost each GPU the model's size)."""
     if step == run.last_saved:
         return
-    acc = run.accelerator
+    acc, main = run.accelerator, run.accelerator.is_main_process
     acc.wait_for_everyone()
     checkpoint.write_rank_files(run.ckpt_root, step, acc.process_index)
-    if acc.is_main_process:
-        state = {"step": step, "bad_streak": run.bad_streak, "optimizer": run.optimizer.state_dict(),
+    if main or is_sharded(acc):
+        weights = full_tensors(run.policy.state_dict())
+        ema = full_tensors(run.ema.shadow) if run.ema is not None else None
+        state = {"step": step, "bad_streak": run.bad_streak,
+                 "optimizer": optimizer_state(acc, run.model, run.optimizer),
                  "scheduler": run.scheduler.state_dict(), "sampler": run.sampler.state_dict()}
-        checkpoint.write_main_files(run.ckpt_root, step, weights=run.policy.state_dict(), state=state,
-                                    config_yaml=yaml.safe_dump(run.cfg.to_dict(), sort_keys=False),
-                                    ema=run.ema.shadow if run.ema is not None else None,
-                                    metrics_jsonl=run.metrics_log.text(), export=getattr(run.policy, "export", None))
+    if main:
+        # the export hook reads the policy's own (unsharded) weights, so sharded runs go without it
+        export = None if is_sharded(acc) else getattr(run.policy, "export", None)
+        checkpoint.write_main_files(run.ckpt_root, step, weights=weights, state=state,
+                                    config_yaml=yaml.safe_dump(run.cfg.to_dict(), sort_keys=False), ema=ema,
+                                    metrics_jsonl=run.metrics_log.text(), export=export)
     acc.wait_for_everyone()
-    if acc.is_main_process:
+    if main:
         checkpoint.finalize(run.ckpt_root, step, run.cfg.run.keep_last)
     acc.wait_for_everyone()
     run.last_saved = step
