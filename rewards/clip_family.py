@@ -75,6 +75,7 @@ class OpenClipReward(ClipReward):
         differentiable: bool,
         checkpoint_file: str = "",
         tensor_transform: bool = False,
+        clamp_zero: bool = False,
     ):
         super().__init__(device=device, dtype=dtype, batch_size=batch_size, differentiable=differentiable)
         self.tensor_transform = tensor_transform
@@ -91,7 +92,7 @@ class OpenClipReward(ClipReward):
             net.load_state_dict(state.get("state_dict", state) if isinstance(state, dict) else state)
         self.model = net.to(self.device, self.dtype).eval().requires_grad_(False)
         self.tokenizer = open_clip.get_tokenizer(model)
-        self.preprocess_pil, self.scale = preprocess, scale
+        self.preprocess_pil, self.scale, self.clamp_zero = preprocess, scale, clamp_zero
         size = net.visual.image_size
         self.image_size = size[0] if isinstance(size, tuple | list) else int(size)
         self.mean = tuple(getattr(net.visual, "image_mean", None) or CLIP_MEAN)
@@ -101,7 +102,7 @@ class OpenClipReward(ClipReward):
         )
         self.preprocess = (
             f"open_clip {model}: {how} of the shorter side to {self.image_size}, centre crop, "
-            f"normalise; score = {scale:g} * cos(image, prompt)"
+            f"normalise; score = {scale:g} * {'max(cos, 0)' if clamp_zero else 'cos'}(image, prompt)"
         )
 
     def processor_pixels(self, images):
@@ -115,7 +116,8 @@ class OpenClipReward(ClipReward):
         return F.normalize(self.model.encode_text(tokens).float(), dim=-1)
 
     def head(self, img, txt):
-        return self.scale * (img * txt).sum(-1)
+        cos = (img * txt).sum(-1)  # [n]
+        return self.scale * (cos.clamp(min=0) if self.clamp_zero else cos)
 
 
 @REWARDS.register("clip_score", input="image", range="[-1, 1] x scale", paper="CLIPScore (arXiv:2104.08718)")
@@ -125,12 +127,16 @@ def clip_score(
     pretrained: str | None = "openai",
     checkpoint: str | None = None,
     scale: float = 1.0,
+    clamp_zero: bool = False,
     device: str = "cpu",
     dtype: Any = torch.float32,
     batch_size: int = 32,
     differentiable: bool = False,
 ) -> Reward:
-    """CLIP score: cosine similarity of open_clip image and prompt embeddings (model/pretrained as in open_clip)."""
+    """CLIP score: cosine similarity of open_clip image and prompt embeddings (model/pretrained as in open_clip).
+
+    scale=2.5, clamp_zero=True gives the paper's CLIP-S = 2.5 * max(cos, 0).
+    """
     return OpenClipReward(
         name="clip_score",
         model=model,
@@ -141,6 +147,7 @@ def clip_score(
         dtype=dtype,
         batch_size=batch_size,
         differentiable=differentiable,
+        clamp_zero=clamp_zero,
     )
 
 

@@ -173,6 +173,20 @@ def test_hps_and_clip_score_match_open_clip(tiny, images):
     assert "ToTensor then bicubic tensor resize" in hps.preprocess
     torch.testing.assert_close(hps(pils, PROMPTS), expect_hps, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(cs(pils, PROMPTS), 100 * expect, atol=1e-3, rtol=1e-5)
+    # the paper's CLIP-S = 2.5 * max(cos, 0)
+    paper = rewards.load(
+        "clip_score",
+        model=_tiny.TINY_OPEN_CLIP,
+        pretrained=None,
+        checkpoint=tiny["open_clip"],
+        scale=2.5,
+        clamp_zero=True,
+    )
+    torch.testing.assert_close(paper(pils, PROMPTS), 2.5 * expect.clamp(min=0), atol=1e-5, rtol=1e-5)
+    # unit vectors by hand: cos((1,0), (0.6,0.8)) = 0.6 -> 2.5 * 0.6 = 1.5; cos((1,0), (-0.6,0.8)) = -0.6 -> 0
+    img, txt = torch.tensor([[1.0, 0.0], [1.0, 0.0]]), torch.tensor([[0.6, 0.8], [-0.6, 0.8]])
+    assert paper.head(img, txt).tolist() == pytest.approx([1.5, 0.0])
+    assert cs.head(img, txt).tolist() == pytest.approx([60.0, -60.0])  # scale 100, no clamp
     diff = rewards.load("hpsv2", model=_tiny.TINY_OPEN_CLIP, checkpoint=tiny["open_clip"], differentiable=True)
     x = images.clone().requires_grad_(True)
     diff(x, PROMPTS).sum().backward()
