@@ -63,8 +63,8 @@ class Run:
     def progress(self, metrics: dict[str, float]) -> None:
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(reward=f"{metrics.get('reward/total_mean', float('nan')):.3f}",
-                                 kl=f"{metrics.get('kl/ref', 0.0):.4f}")
+            kl = metrics.get("kl/ref", metrics.get("kl/old_approx", float("nan")))  # without a reference: to old
+            self.bar.set_postfix(reward=f"{metrics.get('reward/total_mean', float('nan')):.3f}", kl=f"{kl:.4f}")
 
     def close(self) -> None:
         if self.bar is not None:

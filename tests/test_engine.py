@@ -289,3 +289,25 @@ def test_deepspeed_launch_is_refused_with_the_alternatives():
         _check_launch(cfg, SimpleNamespace(num_processes=2, distributed_type=DistributedType.DEEPSPEED))
     with pytest.raises(UserError, match="8 prompts per step cannot be split over 3 processes"):
         _check_launch(cfg, SimpleNamespace(num_processes=3, distributed_type=DistributedType.MULTI_GPU))
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_k_chunks_give_the_unchunked_update(tmp_path, monkeypatch, aggregation):
+    """A policy that bounds memory with one backward per chunk of K (Flow-GRPO: per timestep) ends with the same
+    weights as one backward over all K; per-element metrics name each decision index."""
+    args = [*FAST, "run.steps=2", f"algo.aggregation={aggregation}", "algo.kl_coef=0.01"]
+    train(load_config(RECIPE, [f"run.output_dir={tmp_path / 'whole'}", *args]))
+    real = ToyPolicy.logp
+
+    def logp(self, model, rollout, idx, k_slice=None):
+        out, aux = real(self, model, rollout, idx)
+        return out[:, k_slice], {k: v[:, k_slice] for k, v in aux.items()}
+
+    monkeypatch.setattr(ToyPolicy, "logp", logp)
+    monkeypatch.setattr(ToyPolicy, "k_chunk", 3, raising=False)
+    monkeypatch.setattr(ToyPolicy, "per_element_metrics", True, raising=False)
+    out = train(load_config(RECIPE, [f"run.output_dir={tmp_path / 'chunked'}", *args]))
+    whole, chunked = (load_file(str(checkpoint.list_checkpoints(tmp_path / d / "checkpoints")[-1] /
+                                    "weights.safetensors")) for d in ("whole", "chunked"))
+    assert max(float((whole[k] - chunked[k]).abs().max()) for k in whole) < 1e-6
+    assert {"ratio/k0", "ratio/k3", "ratio/k6"} <= set(out["metrics"])
