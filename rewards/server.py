@@ -167,6 +167,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
@@ -176,6 +178,7 @@ class _Handler(BaseHTTPRequestHandler):
         got = self.headers.get("Authorization", "")
         if hmac.compare_digest(got.encode(), f"Bearer {self.server.token}".encode()):
             return True
+        self.close_connection = True  # any body stays unread: an unauthenticated client cannot make us buffer it
         self._send(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
         return False
 
@@ -196,10 +199,17 @@ class _Handler(BaseHTTPRequestHandler):
             )
 
     def do_POST(self):
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if 0 < length <= MAX_BODY else b""
         if not self._authorised():
             return
+        try:
+            length = int(self.headers.get("Content-Length") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            self.close_connection = True
+            self._send(HTTPStatus.BAD_REQUEST, {"error": f"Content-Length must be a size in [0, {MAX_BODY}] bytes"})
+            return
+        body = self.rfile.read(length)
         name = self._reward_name()
         if name not in self.server.rewards:
             self._send(
@@ -239,7 +249,7 @@ def _info(r: Reward) -> dict:
 
 def _parse(body: bytes, length: int) -> _Job:
     if not body:
-        raise ValueError(f"empty or oversized body ({length} bytes); send JSON {{'samples': [...]}} under {MAX_BODY}")
+        raise ValueError("empty body; send JSON {'samples': [...]} (or one PNG with Content-Type: image/png)")
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as err:

@@ -135,6 +135,20 @@ def test_status_codes(server):
     assert code == 400 and "answers" in body["error"]
     code, body = _post(f"{server.url}/edit_similarity", {"samples": []})
     assert code == 400
+    # a body larger than MAX_BODY is refused from its Content-Length alone (never read), then the socket closes
+    import http.client
+
+    from rewards.server import MAX_BODY
+
+    conn = http.client.HTTPConnection(*server.server_address[:2], timeout=30)
+    conn.putrequest("POST", "/edit_similarity")
+    conn.putheader("Authorization", f"Bearer {TOKEN}")
+    conn.putheader("Content-Length", str(MAX_BODY + 1))
+    conn.endheaders()
+    resp = conn.getresponse()
+    assert resp.status == 400 and "Content-Length" in json.loads(resp.read())["error"]
+    assert resp.getheader("Connection") == "close"
+    conn.close()
     with pytest.raises(ValueError, match="401"):
         rewards.load(f"{server.url}/edit_similarity", token="wrong")
     with pytest.raises(ValueError, match="404"):
