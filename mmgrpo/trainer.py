@@ -304,6 +304,9 @@ def train(cfg: Config) -> dict[str, Any]:
                 break
         else:
             save_checkpoint(run, cfg.run.steps)
+    except TrainingStopped:
+        run.finish_report()  # curves and samples up to the stop, for the post-mortem
+        raise
     finally:
         stop.restore()
         run.close()

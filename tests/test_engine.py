@@ -311,3 +311,20 @@ def test_k_chunks_give_the_unchunked_update(tmp_path, monkeypatch, aggregation):
                                     "weights.safetensors")) for d in ("whole", "chunked"))
     assert max(float((whole[k] - chunked[k]).abs().max()) for k in whole) < 1e-6
     assert {"ratio/k0", "ratio/k3", "ratio/k6"} <= set(out["metrics"])
+
+
+def test_stop_flag_sigint_then_second_sigint_interrupts():
+    import os
+    import signal
+
+    from mmgrpo.runtime import StopFlag
+
+    flag = StopFlag().install()
+    try:
+        os.kill(os.getpid(), signal.SIGINT)  # first Ctrl-C: finish the step, checkpoint, stop
+        assert flag.signal_name == "SIGINT"
+        with pytest.raises(KeyboardInterrupt):  # second Ctrl-C: stop now
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        flag.restore()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -129,11 +129,12 @@ def _register(name: str, fn) -> None:
 def test_nan_rewards_skip_then_stop(tmp_path):
     _register("test_nan", lambda samples, prompts, target=None: [float("nan")] * len(samples))
     cfg = load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=10", "run.max_bad_steps=2",
-                               "rewards=[{name: test_nan}]"])
+                               "rewards=[{name: test_nan}]", "run.report=true"])
     with pytest.raises(TrainingStopped, match="2 consecutive steps skipped, the last for non-finite rewards"):
         train(cfg)
     rows = _metrics(tmp_path)
     assert [r["skipped"] for r in rows] == [1.0, 1.0]
+    assert "2 logged steps" in (tmp_path / "report.html").read_text()  # a stopped run still gets its report
     assert checkpoint.check(checkpoint.list_checkpoints(tmp_path / "checkpoints")[-1]) is None
 
 
