@@ -3,6 +3,7 @@
 Read `train` top to bottom; set-up, update and saving live in small helpers above it. No modality branches.
 """
 
+import copy
 import inspect
 import time
 import warnings
@@ -237,9 +238,11 @@ def _rollout_phase(run: Run, step: int) -> Batch:
     """Steps 1-2: prompts, G samples each, rewards; a failing reward saves a checkpoint and stops every rank."""
     if hasattr(run.policy, "set_iteration"):
         run.policy.set_iteration(step)  # schedules inside the policy (MixGRPO window) follow the step
+    before = copy.deepcopy(run.sampler.state_dict())
     try:
         return collect(run, step)
     except RewardFailed as err:
+        run.sampler.load_state_dict(before)  # the checkpoint resumes at this step, so it draws these prompts again
         save_checkpoint(run, step)
         raise TrainingStopped(f"stopped at step {step}: {err}; checkpoint saved in {run.ckpt_root}, fix the "
                               f"reward and resume with run.resume=auto") from err

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 import rewards
-from mmgrpo import checkpoint
+from mmgrpo import checkpoint, sampling
 from mmgrpo.cli import main as cli_main
 from mmgrpo.config import load_config
 from mmgrpo.errors import TrainingStopped
@@ -153,7 +153,12 @@ def test_failing_reward_stops_with_checkpoint(tmp_path, capsys):
     assert code == 1
     assert "reward 'test_boom' failed on sample" in err and "checkpoint saved" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert checkpoint.list_checkpoints(tmp_path / "checkpoints")
+    assert "global sample" in err and "prompt \"write" in err  # where it sits in the batch and what it was
+    (ckpt,) = checkpoint.list_checkpoints(tmp_path / "checkpoints")
+    # saved at the failing step with the sampler rewound, so a resume draws the same prompts again
+    assert ckpt.name == "step_00000000"
+    state = torch.load(ckpt / "state.pt", weights_only=False)
+    assert state["sampler"] == sampling.make_sampler("uniform", 6, seed=0).state_dict()
 
 
 @pytest.mark.parametrize("extra", [
