@@ -166,8 +166,8 @@ def test_eval_with_ema_weights(tmp_path, capsys):
 
 def test_trackers_get_the_finite_metrics(tmp_path):
     class FakeAccelerator:
-        trackers = ["fake"]
-        logged: list = []
+        def __init__(self):
+            self.trackers, self.logged = ["fake"], []
 
         def log(self, values, step):
             self.logged.append((step, values))
