@@ -328,3 +328,41 @@ def test_stop_flag_sigint_then_second_sigint_interrupts():
     finally:
         flag.restore()
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_accelerate_tracker_gets_config_and_every_step(tmp_path, monkeypatch):
+    """The tracker path end to end, with a custom accelerate GeneralTracker standing in for TensorBoard / W&B."""
+    from accelerate import Accelerator
+    from accelerate.tracking import GeneralTracker
+
+    import mmgrpo.setup
+    import mmgrpo.validate
+
+    class Recorder(GeneralTracker):
+        name, requires_logging_directory = "recorder", False
+
+        def __init__(self):
+            super().__init__()
+            self.config, self.rows, self.finished = None, [], False
+
+        @property
+        def tracker(self):
+            return self
+
+        def store_init_configuration(self, values):
+            self.config = values
+
+        def log(self, values, step=None, **kwargs):
+            self.rows.append((step, values))
+
+        def finish(self):
+            self.finished = True
+
+    rec = Recorder()
+    monkeypatch.setattr(mmgrpo.validate, "_importable", lambda module: True)
+    monkeypatch.setattr(mmgrpo.setup, "make_accelerator", lambda cfg: Accelerator(cpu=True, log_with=[rec]))
+    train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=3", "run.trackers=[tensorboard]"]))
+    assert rec.config["algo.loss"] == "clipped" and rec.config["sample.group_size"] == 8
+    assert [s for s, _ in rec.rows] == [0, 1, 2]
+    assert "reward/total_mean" in rec.rows[-1][1] and "grad_norm" in rec.rows[-1][1]
+    assert rec.finished
