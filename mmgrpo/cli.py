@@ -11,7 +11,7 @@ import traceback
 EXAMPLES = """examples:
   mmgrpo train configs/toy_count.yaml                      train the toy counting policy (seconds on a CPU)
   mmgrpo train configs/toy_count.yaml run.steps=100 algo.kl_coef=0.01 sample.group_size=16
-  accelerate launch --num_processes 2 -m mmgrpo.cli train configs/toy_count.yaml
+  accelerate launch --multi_gpu --num_processes 2 -m mmgrpo.cli train configs/toy_count.yaml   (GPUs or CPU)
   mmgrpo --debug train configs/toy_count.yaml run.steps=5  errors with the full traceback
   mmgrpo eval configs/toy_count.yaml ckpt=latest            per-category reward table of the newest checkpoint
   mmgrpo sample configs/toy_count.yaml ckpt=latest out=samples/

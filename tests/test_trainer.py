@@ -183,18 +183,20 @@ def test_variants_run(tmp_path, extra):
 
 
 def test_two_ranks_match_one(tmp_path):
-    """2 CPU processes (gloo, via torchrun as accelerate's multi-GPU launcher does) == 1 process on the same
-    global batch, within 1e-5."""
+    """`accelerate launch` with 2 CPU processes (gloo) == 1 process on the same global batch, within 1e-5."""
     args = ["run.steps=4", "algo.num_minibatches=2", "algo.inner_epochs=2"]
     one = subprocess.run(_cli(tmp_path / "one", *args), env=_env(), capture_output=True, text=True)
     assert one.returncode == 0, one.stderr
     with socket.socket() as sock:  # a free port: a fixed one collides with other runs on the machine
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port,
+    # every launcher option on the command line, so no accelerate config file is read or needed
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", port,
            "-m", "mmgrpo.cli", "train", RECIPE, f"run.output_dir={tmp_path / 'two'}", *FAST, *args]
     two = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
     assert two.returncode == 0, two.stderr
+    assert two.stdout.count("done: ") == 2, two.stdout  # both ranks ran to the end (each prints its own line)
     assert _max_diff(_final_weights(tmp_path / "one"), _final_weights(tmp_path / "two")) <= 1e-5
     r1 = [r["reward/total_mean"] for r in _metrics(tmp_path / "one")]
     r2 = [r["reward/total_mean"] for r in _metrics(tmp_path / "two")]
