@@ -30,6 +30,8 @@ class _Acc:
     weights: dict[str, float] = field(default_factory=dict)
 
     def add(self, metrics: dict[str, Any], weight: float) -> None:
+        if weight == 0:  # padding pieces and fully masked micro-batches (0 * NaN would poison the sums)
+            return
         for k, v in metrics.items():
             v = float(v.detach()) if isinstance(v, Tensor) else float(v)
             self.sums[k] = self.sums.get(k, 0.0) + v * weight
@@ -141,6 +143,17 @@ def _reference(run: Run, batch: Batch) -> Tensor | None:
     return None if parts[0] is None else torch.cat(parts).float()  # [N, K]
 
 
+def _pieces(run: Run, mb: Tensor, k: int) -> list[tuple[Tensor, slice | None, float]]:
+    """(samples, K chunk, weight) per forward/backward of one mini-batch on this rank, padded with weight-0 pieces to
+    the most any rank has: FSDP gathers weights in every forward, so all ranks must run as many (DDP only needs the
+    last backward in step, and loses no time: the padded rank would otherwise wait for the busiest one)."""
+    g, chunks = run.cfg.sample.group_size, _k_slices(run, k)
+    micro = mb.split(run.cfg.algo.micro_batch_size) if len(mb) else ()  # split() of an empty tensor gives one
+    pieces = [(idx, ks, 1.0) for idx in micro for ks in chunks]
+    most = int(all_gather(run.accelerator, torch.tensor([len(pieces)])).max())
+    return pieces + [(torch.arange(g), chunks[0], 0.0)] * (most - len(pieces))
+
+
 def update(run: Run, batch: Batch, adv: Tensor, use: Tensor, step: int) -> tuple[dict[str, float], bool, list[int]]:
     """Inner epochs over shuffled mini-batches with gradient accumulation.
 
@@ -161,15 +174,14 @@ def update(run: Run, batch: Batch, adv: Tensor, use: Tensor, step: int) -> tuple
             mine = mb_groups[mb_groups // b_local == rank] - rank * b_local  # this rank's groups
             mb = (mine[:, None] * g + torch.arange(g)).reshape(-1)  # [n_mb]
             denom = all_sum(acc, losses.denominator(mask[mb], a.aggregation, norm_len=_norm_len(run, mask)).float())
-            # a rank with no group in this mini-batch still joins the synchronised backward, with weight 0
-            micro, scale = (mb.split(a.micro_batch_size), 1.0) if len(mb) else ((torch.arange(g),), 0.0)
-            pieces = [(idx, ks) for idx in micro for ks in _k_slices(run, mask.shape[1])]
+            pieces = _pieces(run, mb, mask.shape[1])
             finite = torch.tensor(1.0)
-            for j, (idx, ks) in enumerate(pieces):
+            for j, (idx, ks, scale) in enumerate(pieces):
                 with sync_context(acc, run.model, last=j == len(pieces) - 1), acc.autocast():
                     loss, metrics, bad = _loss_for(run, batch, idx, ks, adv, mask, ref, denom)
                     loss = loss * scale
-                    finite = finite * torch.isfinite(loss.detach()).float().cpu()
+                    if scale:
+                        finite = finite * torch.isfinite(loss.detach()).float().cpu()
                     acc.backward(torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0))
                 bad_samples.update(bad if scale else [])
                 metrics["loss/policy"] = loss.detach() / acc.num_processes

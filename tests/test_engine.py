@@ -385,3 +385,21 @@ def test_stop_and_resume_is_exact_with_every_kind_of_state(tmp_path, monkeypatch
                 for d in ("full", "cut"))
         assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-6, name
     assert _steps(tmp_path / "cut") == list(range(6))
+
+
+def test_pieces_are_padded_to_the_busiest_rank(monkeypatch):
+    from types import SimpleNamespace
+
+    import mmgrpo.trainer as tr
+
+    cfg = load_config(RECIPE, ["algo.micro_batch_size=16"])
+    run = SimpleNamespace(cfg=cfg, policy=SimpleNamespace(), accelerator=None)
+    mb = torch.arange(24)  # 3 groups of 8 here -> micro-batches of 16 and 8
+    monkeypatch.setattr(tr, "all_gather", lambda acc, t: torch.cat([t, torch.tensor([4])]))  # a peer runs 4
+    pieces = tr._pieces(run, mb, k=8)
+    assert [len(idx) for idx, _, _ in pieces] == [16, 8, 8, 8]
+    assert [scale for _, _, scale in pieces] == [1.0, 1.0, 0.0, 0.0]
+    run.policy.k_chunk = 3  # chunked policies pad with their first chunk
+    monkeypatch.setattr(tr, "all_gather", lambda acc, t: torch.cat([t, torch.tensor([7])]))
+    pieces = tr._pieces(run, torch.arange(0), k=8)  # no group of this mini-batch on this rank
+    assert len(pieces) == 7 and all(scale == 0.0 and ks == slice(0, 3) for _, ks, scale in pieces)
