@@ -1,0 +1,157 @@
+"""Tests of the tiny ShapesWorld VLMs: the SFT targets, labels and loss, and the shipped assets/shapes-vlm (VQA) and
+assets/shapes-video (temporal grounding) folders: offline from_pretrained load, size, the RL pipelines loading them
+by path with the same prompts as pretraining, and each model's accuracy band on a fixed test sample.
+"""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipelines.shapes import pretrain_vlm as P
+from pipelines.shapes.vqa import QUESTION_TYPES
+
+ROOT = Path(__file__).resolve().parents[1]
+VLM, VIDEO = ROOT / "assets" / "shapes-vlm", ROOT / "assets" / "shapes-video"
+MAX_BYTES = 20 * 2**20
+VQA_N, VIDEO_N = 48, 24
+"""fixed test samples (the first N records of the test split, seed 0) for the accuracy bands"""
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+    from pipelines.vlm.tiny import qwen_tokenizer
+
+    return qwen_tokenizer(tmp_path_factory.mktemp("tok"))
+
+
+# ---------------------------------------------------------------- targets, labels, loss
+
+
+def test_targets_fit_the_recipes_token_budget_and_score_full_marks(tok):
+    import rewards
+
+    fmt, acc, iou = rewards.load("format", mode="strict"), rewards.load("accuracy"), rewards.load("temporal_iou")
+    # the longest answers: "yellow" (colour), "triangle" (shape), a two-digit count
+    for kind in QUESTION_TYPES:
+        for answer in ("yellow", "triangle", "12"):
+            text = P.target_text("vqa", {"category": kind, "answers": answer})
+            assert len(tok(text, add_special_tokens=False)["input_ids"]) <= 24  # configs/vlm/shapes_vqa.yaml
+            assert fmt([text], prompts=None).tolist() == [1.0]
+            assert acc([text], prompts=None, answers=[answer]).tolist() == [1.0]
+    text = P.target_text("grounding", {"spans": [5.75, 6.0]})
+    assert text.endswith("<answer>5.75 to 6.00</answer>")
+    assert len(tok(text, add_special_tokens=False)["input_ids"]) <= 32  # configs/video/shapes_grounding.yaml
+    assert fmt([text], prompts=None).tolist() == [1.0]
+    assert iou([text], prompts=None, spans=[[5.75, 6.0]]).tolist() == [1.0]
+
+
+def test_collate_labels_only_the_completion():
+    a = {"input_ids": torch.tensor([[5, 6, 7]]), "mm_token_type_ids": torch.tensor([[0, 1, 0]]),
+         "completion": torch.tensor([8, 9])}
+    b = {"input_ids": torch.tensor([[1, 2]]), "mm_token_type_ids": torch.tensor([[1, 0]]),
+         "completion": torch.tensor([3, 4, 4])}
+    inputs, labels = P.collate([a, b], pad_id=0)
+    assert inputs["input_ids"].tolist() == [[5, 6, 7, 8, 9], [1, 2, 3, 4, 4]]
+    assert labels.tolist() == [[-100, -100, -100, 8, 9], [-100, -100, 3, 4, 4]]
+    assert inputs["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 1, 1]]
+    assert inputs["mm_token_type_ids"].tolist() == [[0, 1, 0, 0, 0], [1, 0, 0, 0, 0]]
+    short = {"input_ids": torch.tensor([[1]]), "completion": torch.tensor([2])}
+    inputs, labels = P.collate([a, short], pad_id=0)
+    assert inputs["input_ids"][1].tolist() == [1, 2, 0, 0, 0] and inputs["attention_mask"][1].tolist() == [1, 1, 0, 0, 0]
+    assert labels[1].tolist() == [-100, 2, -100, -100, -100]
+
+
+class _Logits(torch.nn.Module):
+    def __init__(self, logits):
+        super().__init__()
+        self.logits = logits
+
+    def forward(self, **inputs):
+        return type("Out", (), {"logits": self.logits})()
+
+
+def test_sft_loss_is_token_mean_cross_entropy_of_the_completion():
+    # one row, L = 3, V = 2; labels [-100, 1, 0]: position 0 predicts token 1, position 1 predicts token 0
+    logits = torch.tensor([[[0.0, math.log(3.0)], [math.log(4.0), 0.0], [9.0, -9.0]]])
+    labels = torch.tensor([[-100, 1, 0]])
+    # p(1 | pos 0) = 3 / (1 + 3) = 0.75; p(0 | pos 1) = 4 / (4 + 1) = 0.8; position 2's logits are never used
+    expected = -(math.log(0.75) + math.log(0.8)) / 2  # = 0.25541...
+    got = P.sft_loss(_Logits(logits), {}, labels)
+    assert got.item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_built_model_is_a_qwen2_vl_with_16_visual_tokens_per_image():
+    model, processor = P.build_model("vqa", hidden=64, layers=1, vision_dim=32, vision_depth=1)
+    assert type(model).__name__ == "Qwen2VLForConditionalGeneration"
+    rec = P.records("vqa", "train", 1, seed=0)[0]
+    enc = P.encoder("vqa", processor)(rec)
+    n_image = int((enc["input_ids"] == model.config.image_token_id).sum())
+    assert n_image == 16  # 32 px -> 112 x 112: 8 x 8 patches of 14 px, merged 2 x 2
+    loss = P.sft_loss(model, *P.collate([P.example("vqa", P.encoder("vqa", processor), processor.tokenizer, rec)],
+                                        processor.tokenizer.pad_token_id))
+    assert math.isfinite(loss.item()) and loss.item() > 0
+
+
+# ---------------------------------------------------------------- the shipped models
+
+
+def _load(path):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    if not (path / "model.safetensors").is_file():
+        pytest.fail(f"{path} is missing; train it with python -m pipelines.shapes.pretrain_vlm (see assets/README.md)")
+    return AutoProcessor.from_pretrained(path), AutoModelForImageTextToText.from_pretrained(path)
+
+
+@pytest.mark.parametrize("path", [VLM, VIDEO], ids=["vlm", "video"])
+def test_shipped_folder_layout_and_size(path):
+    processor, model = _load(path)
+    names = {p.name for p in path.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "processor_config.json"} <= names
+    assert sum(p.stat().st_size for p in path.iterdir()) <= MAX_BYTES
+    assert type(model).__name__ == "Qwen2VLForConditionalGeneration"
+    tags = processor.tokenizer("<think></think><answer></answer>", add_special_tokens=False)["input_ids"]
+    assert len(tags) == 4  # each reasoning tag is one token
+
+
+def test_vlm_pipeline_loads_the_shipped_model_by_path_with_the_pretraining_prompts():
+    from pipelines.vlm.build import build_vlm
+
+    task = build_vlm(seed=0, device=torch.device("cpu"), model=str(VLM), train_size=2, eval_size=1)
+    rec = task.train_data[0]
+    processor, _ = _load(VLM)
+    ours = P.encoder("vqa", processor)(rec)
+    theirs = task.policy.encode(rec)
+    assert torch.equal(ours["input_ids"], theirs["input_ids"])
+    assert torch.equal(ours["pixel_values"], theirs["pixel_values"])
+
+
+def test_video_pipeline_loads_the_shipped_model_by_path_with_the_pretraining_prompts():
+    from pipelines.video.build import build_video
+
+    task = build_video(seed=0, device=torch.device("cpu"), model=str(VIDEO), train_size=2, eval_size=1,
+                       shapes_types=["grounding"])
+    rec = task.train_data[0]
+    processor, _ = _load(VIDEO)
+    ours = P.encoder("grounding", processor)(rec)
+    theirs = task.policy.encode(rec)
+    assert torch.equal(ours["input_ids"], theirs["input_ids"])
+    assert torch.equal(ours["pixel_values_videos"], theirs["pixel_values_videos"])
+
+
+def test_vlm_accuracy_band_on_fixed_test_sample():
+    # greedy answers to the first VQA_N test questions (seed 0); measured values are in assets/README.md
+    processor, model = _load(VLM)
+    table = P.evaluate(model, "vqa", "test", VQA_N, processor=processor)
+    assert table["all"]["format"] >= 0.9
+    assert 0.25 <= table["all"]["accuracy"] <= 0.6
+
+
+def test_video_miou_band_on_fixed_test_sample():
+    processor, model = _load(VIDEO)
+    table = P.evaluate(model, "grounding", "test", VIDEO_N, processor=processor)
+    assert table["all"]["format"] >= 0.9
+    assert 0.15 <= table["all"]["miou"] <= 0.4
+
