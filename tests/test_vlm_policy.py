@@ -127,6 +127,28 @@ def test_lora_state_round_trip(cache):
     assert (pol.ref_logp(ro, torch.arange(2)) - ro.old_logp)[ro.mask].abs().max() > 1e-4
 
 
+def test_lora_export_loads_with_peft(cache, tmp_path):
+    """The checkpoint's export/ is a peft adapter folder: PeftModel.from_pretrained on the base model gives the
+    trained adapter (the same tensors); full fine-tuning exports nothing (its safetensors suffice)."""
+    from peft import PeftModel
+    from peft.utils import get_peft_model_state_dict
+    from transformers import AutoModelForImageTextToText
+
+    task = _task(cache, lora_rank=4)
+    pol = task.policy
+    pol.load_state_dict({k: v + 0.1 * torch.randn_like(v) for k, v in pol.state_dict().items()})
+    pol.export(tmp_path)
+    assert (tmp_path / "adapter_config.json").exists() and (tmp_path / "adapter_model.safetensors").exists()
+    base = AutoModelForImageTextToText.from_pretrained(tiny_model_dir("tiny-random-qwen2-vl", cache))
+    loaded = get_peft_model_state_dict(PeftModel.from_pretrained(base, tmp_path))
+    trained = pol.state_dict()
+    assert set(loaded) == set(trained) and all(torch.equal(loaded[k], trained[k]) for k in trained)
+    full = tmp_path / "full"
+    full.mkdir()
+    _task(cache).policy.export(full)
+    assert not any(full.iterdir())
+
+
 def test_full_finetune_reference_is_a_frozen_copy(cache):
     task = _task(cache)
     pol = task.policy

@@ -7,6 +7,7 @@ K = completion tokens; the mask covers each completion up to and including its E
 import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -253,6 +254,13 @@ class VLMPolicy:
         with torch.no_grad():
             for name, value in state.items():
                 params[name].copy_(value)
+
+    def export(self, directory: Path) -> None:
+        """LoRA: the peft adapter folder (adapter_model.safetensors + adapter_config.json) that
+        `PeftModel.from_pretrained(base, dir)` loads. Full fine-tuning writes nothing: the checkpoint's safetensors
+        already hold every trained weight, and a second full copy per checkpoint would double a 7B run's disk."""
+        if self.is_peft:
+            self.module.hf.save_pretrained(str(directory))
 
     def gallery(self, rollout: Rollout, prompts: list[dict[str, Any]], rewards: Tensor) -> list[dict[str, Any]]:
         g = len(rollout.samples) // len(prompts)
