@@ -93,7 +93,9 @@ def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor
     metrics = dict(metrics)
     if ref is not None:
         # a pipeline that knows the exact KL (flow: Gaussian transitions with equal std) returns it in aux
-        kl_mat = aux["kl"] if "kl" in aux else losses.kl(logp, ref[idx][:, ks_].to(logp.device), a.kl_kind)
+        # mask=m: padding may hold -inf/NaN, which would otherwise reach the gradient through k2/k3
+        ref_k = ref[idx][:, ks_].to(logp.device)
+        kl_mat = aux["kl"] if "kl" in aux else losses.kl(logp, ref_k, a.kl_kind, mask=m)
         loss_mat = loss_mat + a.kl_coef * kl_mat
         metrics["kl/ref"] = torch.where(m, kl_mat, 0.0).sum() / m.sum().clamp(min=1)
     if "entropy" in aux:
