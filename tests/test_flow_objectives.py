@@ -213,3 +213,18 @@ def test_nft_loss_validation(kwargs, match):
         nft_loss(t(V), t(V_OLD), t(TARGET), t([0.5, 1.0]), r, **args)
     with pytest.raises(ValueError, match="leading"):
         nft_loss(t(V), t(V_OLD), t(TARGET), t([0.5, 1.0, 0.2]), t([1.0, 0.0, 0.0]))
+
+
+def test_nft_policy_loss_maps_advantages_masks_and_needs_the_flow_inputs():
+    # K = 1 step per sample, V / V_OLD / TARGET as above, velocity weighting, beta 0.5, adv_clip_max 5:
+    # A = [5, -2.5] -> r = [1, 0.25] (nft_optimality), so the per-sample losses are the golden [1.25, 2.5] above;
+    # the second sample is masked out -> [1.25, 0]
+    v = t(V).view(2, 1, 2)
+    mask = torch.tensor([[True], [False]])
+    loss, m = losses.compute("nft", torch.zeros(2, 1), torch.zeros(2, 1), t([5.0, -2.5]), mask, velocity=v,
+                             old_velocity=t(V_OLD).view(2, 1, 2), target=t(TARGET).view(2, 1, 2),
+                             t=t([[0.5], [1.0]]), beta=0.5, weighting="velocity")
+    assert_close(loss, t([[1.25], [0.0]]))
+    assert_close(m["nft/r_mean"], t(1.0))
+    with pytest.raises(ValueError, match="objective=nft"):
+        losses.compute("nft", torch.zeros(2, 1), torch.zeros(2, 1), t([1.0, 0.0]), mask)

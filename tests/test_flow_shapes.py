@@ -62,3 +62,39 @@ def test_shapes_model_rejects_another_resolution(tmp_path, tiny_shapes_dir, caps
                  "sample.batch_size=4", "sample.group_size=4", "rewards=[{name: shapes_geneval}]"])
     assert code == 2
     assert "must be 32 for this pixel-space model" in capsys.readouterr().err
+
+
+def test_nft_objective_trains_on_forward_process_points_of_the_clean_samples(tmp_path, tiny_shapes_dir):
+    """DiffusionNFT through the flow policy: x_t - t * target recovers each sample, v_old is the untrained model's
+    CFG-free velocity there (so the first update starts at v = v_old), and two steps change the adapter."""
+    from mmgrpo.setup import build_task
+
+    cfg = _cfg(tmp_path, tiny_shapes_dir, "pipeline.kwargs.objective=nft", "pipeline.kwargs.nft_steps=2",
+               "pipeline.kwargs.noise_level=0.0", "algo.loss=nft")
+    policy = build_task(cfg, torch.device("cpu")).policy
+    prompts = [{"prompt": "a red circle"}, {"prompt": "a blue square"}]
+    ro = policy.rollout(prompts, 4, [3, 4])
+    ex = ro.extras
+    assert ex["x_t"].shape == (8, 2, 3, 32, 32) and ro.mask.all() and ro.old_logp.shape == (8, 2)
+    t = ex["sigma"].view(8, 2, 1, 1, 1)
+    x0 = ex["x_t"] - t * ex["nft_target"]  # x_t = (1 - t) x0 + t eps, target = eps - x0
+    images = torch.stack(ro.samples)  # [8, 3, 32, 32] = clamp(x0 / 2 + 0.5)
+    for j in range(2):
+        assert torch.allclose((x0[:, j] / 2 + 0.5).clamp(0, 1), images, atol=1e-5)
+    assert set(ex["sigma"].flatten().tolist()) <= set(policy.sigmas[:-1].tolist())
+    _, aux = policy.logp(policy.transformer, ro, torch.arange(8))
+    assert torch.allclose(aux["loss_kwargs"]["velocity"], ex["nft_v_old"], atol=1e-5)
+    out = train(cfg)
+    assert torch.isfinite(torch.tensor(out["metrics"]["loss/policy"]))
+    from safetensors.torch import load_file
+
+    after = load_file(str(tmp_path / "checkpoints" / "step_00000002" / "weights.safetensors"))
+    assert any(not torch.equal(after[k], v) for k, v in policy.state_dict().items() if "lora_B" in k)
+
+
+def test_unknown_objective_is_a_one_line_error(tmp_path, tiny_shapes_dir):
+    from mmgrpo.errors import UserError
+    from mmgrpo.setup import build_task
+
+    with pytest.raises(UserError, match="objective \\('dpo'\\) must be grpo"):
+        build_task(_cfg(tmp_path, tiny_shapes_dir, "pipeline.kwargs.objective=dpo"), torch.device("cpu"))

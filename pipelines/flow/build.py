@@ -128,7 +128,7 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
                plan: str = "independent", plan_kwargs: dict | None = None, lora_rank: int = 32,
                lora_alpha: float | None = None, lora_targets: list[str] | None = None, reference: bool = True,
                k_chunk: int | None = None, torch_dtype: str | None = None, gradient_checkpointing: bool = False,
-               decode_batch_size: int = 8) -> Task:
+               decode_batch_size: int = 8, objective: str = "grpo", nft_steps: int = 2) -> Task:
     """GRPO on a diffusers flow model (SD3/SD3.5, FLUX.1, Wan 2.1): SDE rollouts, exact log-probs, LoRA or full FT."""
     from pipelines.flow import plan as plans
     from pipelines.flow import sde as sde_mod
@@ -142,6 +142,10 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
     if num_steps < 1 or lora_rank < 0 or (k_chunk is not None and k_chunk < 1):
         raise UserError(f"pipeline.kwargs: num_steps ({num_steps}) must be >= 1, lora_rank ({lora_rank}) >= 0 "
                         f"(0 = full fine-tuning) and k_chunk ({k_chunk}) null or >= 1")
+    if objective not in ("grpo", "nft") or not 1 <= nft_steps <= num_steps:
+        raise UserError(f"pipeline.kwargs: objective ({objective!r}) must be grpo (SDE log-prob ratios, algo.loss "
+                        f"clipped) or nft (DiffusionNFT, algo.loss nft), and nft_steps ({nft_steps}) in 1..num_steps "
+                        f"({num_steps})")
     if torch_dtype is not None and torch_dtype not in _DTYPES:
         raise UserError(f"pipeline.kwargs.torch_dtype ({torch_dtype!r}) must be one of {sorted(_DTYPES)} or null")
     train = _records(data, prompts, "training prompts")
@@ -174,7 +178,7 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
     policy = FlowPolicy(pipe, adapter, num_steps=num_steps, sde_kind=sde, noise_level=noise_level, reduce=reduce,
                         plan=plan, plan_kwargs=plan_kwargs or {}, same_noise=same_noise_per_group,
                         lora=lora_rank > 0, reference=reference, k_chunk=k_chunk, seed=seed,
-                        decode_batch_size=decode_batch_size)
+                        decode_batch_size=decode_batch_size, objective=objective, nft_steps=nft_steps)
     policy.num_params = {"transformer": num_params(transformer), "trainable": num_params(transformer, True)}
     return Task(policy=policy, module=transformer, train_data=train,
                 eval_data=_records(eval_data, eval_prompts, "evaluation prompts"))

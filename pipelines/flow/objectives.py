@@ -1,6 +1,6 @@
 """Flow objectives on [N, K] (K = trained steps): GRPO-Guard RatioNorm and reweighting, TempFlow weights, DiffusionNFT.
 
-Pure tensor maths, no model; importing this module registers "guard_clipped" in mmgrpo.losses.POLICY_LOSSES.
+Pure tensor maths, no model; importing this module registers "guard_clipped" and "nft" in mmgrpo.losses.POLICY_LOSSES.
 """
 
 import torch
@@ -248,4 +248,36 @@ def nft_loss(
     loss = (r * losses[0] + (1 - r) * losses[1]) / beta  # [*B]
     metrics = {"nft/pos": losses[0].detach().mean(), "nft/neg": losses[1].detach().mean(),
                "nft/old_deviation": ((v.detach() - v_old) ** 2).mean()}
+    return loss, metrics
+
+
+@POLICY_LOSSES.register("nft", paper="arXiv:2509.16117")
+def nft(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    *,
+    velocity: Tensor | None = None,
+    old_velocity: Tensor | None = None,
+    target: Tensor | None = None,
+    t: Tensor | None = None,
+    beta: float = 1.0,
+    weighting: str = "adaptive",
+    adv_clip_max: float = 5.0,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DiffusionNFT as a policy loss: r = nft_optimality(A) per sample, loss = nft_loss(v, v_old, target, t, r).
+
+    Paper: DiffusionNFT arXiv:2509.16117, Eq. 8. The flow policy with `objective: nft` supplies velocity, old_velocity,
+    target [N, K, ...] and t [N, K] (K forward-process noise levels per clean sample); logp/old_logp are unused.
+    Args: adv [N] or [N, K]; mask [N, K]. Returns loss [N, K] (0 where masked) and nft/* metrics.
+    """
+    if velocity is None or old_velocity is None or target is None or t is None:
+        raise ValueError("algo.loss=nft needs the flow pipeline with pipeline.kwargs.objective=nft (it supplies the "
+                         "forward-process velocities); set both, or use algo.loss=clipped")
+    a = adv[:, None].expand(mask.shape) if adv.dim() == 1 else adv  # [N, K]
+    r = nft_optimality(a.to(velocity.dtype), adv_clip_max=adv_clip_max)  # [N, K]
+    loss, metrics = nft_loss(velocity, old_velocity, target, t, r, beta=beta, weighting=weighting)  # [N, K]
+    loss = torch.where(mask.bool(), loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
+    metrics["nft/r_mean"] = r.detach()[mask.bool()].mean() if mask.any() else r.new_zeros(())
     return loss, metrics

@@ -32,8 +32,10 @@ class FlowPolicy:
 
     def __init__(self, pipe: Any, model: FlowModel, *, num_steps: int, sde_kind: str, noise_level: float,
                  reduce: str, plan: str, plan_kwargs: dict, same_noise: bool, lora: bool, reference: bool,
-                 k_chunk: int | None, seed: int, decode_batch_size: int):
+                 k_chunk: int | None, seed: int, decode_batch_size: int, objective: str = "grpo",
+                 nft_steps: int = 2):
         self.pipe, self.model, self.transformer = pipe, model, pipe.transformer
+        self.objective, self.nft_steps = objective, nft_steps
         self.num_steps, self.sde_kind, self.noise_level, self.reduce = num_steps, sde_kind, noise_level, reduce
         self.plan_name, self.plan_kwargs, self.same_noise = plan, dict(plan_kwargs), same_noise
         self.lora, self.k_chunk, self.seed, self.decode_batch_size = lora, k_chunk, seed, decode_batch_size
@@ -61,6 +63,8 @@ class FlowPolicy:
                                         seeds=list(seeds), **self.plan_kwargs)
         self.last_plan = plan
         device, dtype = self.model.device, self.model.dtype
+        if self.objective == "nft":  # likelihood-free: no transition is kept, only the clean samples
+            trained = torch.zeros_like(trained)
 
         def velocity(x: Tensor, sigma: Tensor, prompt: Tensor) -> Tensor:
             return self.model.velocity(self.transformer, x, sigma, {k: v[prompt] for k, v in cond.items()})
@@ -79,12 +83,44 @@ class FlowPolicy:
         mask = (std > 0).view(n, -1) if res.steps.numel() else torch.zeros(n, 0, dtype=torch.bool)  # [N, K]
         samples = self.model.decode(res.final, self.decode_batch_size)
         per_sample = {f"cond_{k}": v.repeat_interleave(group_size, 0) for k, v in cond.items()}
+        if self.objective == "nft":
+            return self._nft_rollout(res.final, samples, per_sample, group_size, list(seeds), res.nfe)
         extras = {"x_t": res.x_t, "x_next": res.x_next, "sigma": sig.to(device), "sigma_next": sig_next.to(device),
                   "step": res.steps, **per_sample}
         sde_steps = sum(k != "ode" for k in plan.kinds)
         metrics = {"rollout/nfe_per_sample": res.nfe / n, "rollout/sde_steps": float(sde_steps),
                    "rollout/first_trained_step": float(res.steps.min()) if res.steps.numel() else -1.0}
         return Rollout(samples=samples, old_logp=res.logp.cpu(), mask=mask, extras=extras, metrics=metrics)
+
+    @torch.no_grad()
+    def _nft_rollout(self, x0: Tensor, samples: list, cond: dict[str, Tensor], group_size: int, seeds: list[int],
+                     nfe: int) -> Rollout:
+        """DiffusionNFT's training inputs (arXiv:2509.16117): K forward-process points per clean sample x0.
+
+        `cond` holds the per-sample conditioning under "cond_<key>" names, as stored in the extras.
+        x_t = (1 - t) x0 + t eps with t drawn without replacement from the sampling schedule's noise levels, the
+        target eps - x0, and the old policy's CFG-free velocity at x_t (the sampling weights, before any update)."""
+        n, k, grid = x0.shape[0], self.nft_steps, self.sigmas[:-1]  # grid [T], every level > 0
+        gens = [torch.Generator().manual_seed(plans.mix_seed(seeds[i // group_size], 17, i % group_size,
+                                                             self.iteration)) for i in range(n)]
+        idx = torch.stack([torch.randperm(len(grid), generator=g)[:k] for g in gens])  # [N, K]
+        eps = torch.stack([torch.randn((k, *x0.shape[1:]), generator=g) for g in gens]).to(x0)  # [N, K, ...]
+        t = grid[idx].to(x0)  # [N, K]
+        tt = t.view(n, k, *([1] * (x0.dim() - 1)))
+        x_t = (1 - tt) * x0[:, None] + tt * eps  # [N, K, ...]
+        v_old = torch.cat([self._nft_velocity(self.transformer, x_t[i: i + 16], t[i: i + 16],
+                                              {key[5:]: v[i: i + 16] for key, v in cond.items()})
+                           for i in range(0, n, 16)])  # [N, K, ...]
+        extras = {"x_t": x_t, "nft_target": eps - x0[:, None], "nft_v_old": v_old, "sigma": t, "step": idx, **cond}
+        metrics = {"rollout/nfe_per_sample": nfe / n + k, "rollout/sde_steps": 0.0, "rollout/first_trained_step": -1.0}
+        return Rollout(samples=samples, old_logp=torch.zeros(n, k), mask=torch.ones(n, k, dtype=torch.bool),
+                       extras=extras, metrics=metrics)
+
+    def _nft_velocity(self, module: nn.Module, x_t: Tensor, t: Tensor, cond: dict[str, Tensor]) -> Tensor:
+        """CFG-free velocity [n, k, ...] at forward-process points x_t [n, k, ...], t [n, k]; cond is per sample."""
+        n, k = t.shape
+        flat = {key: v.repeat_interleave(k, 0) for key, v in cond.items()}
+        return self.model.forward(module, x_t.reshape(n * k, *x_t.shape[2:]), t.reshape(-1), flat).view(x_t.shape)
 
     # ---- scoring
 
@@ -105,6 +141,14 @@ class FlowPolicy:
         """Log-probs [n, k] of the stored transitions through `model`; extras["kl"] [n, k] is the exact Gaussian KL
         to the reference once `ref_logp` has run on this rollout (it stores the reference means)."""
         ks = k_slice if k_slice is not None else slice(None)
+        if self.objective == "nft":  # no likelihood: the "nft" loss reads the velocities from loss_kwargs
+            ex = rollout.extras
+            cond = {key[5:]: v[idx] for key, v in ex.items() if key.startswith("cond_")}
+            t = ex["sigma"][idx][:, ks]  # [n, k]
+            v = self._nft_velocity(model, ex["x_t"][idx][:, ks], t, cond)  # [n, k, ...]
+            kw = {"velocity": v, "old_velocity": ex["nft_v_old"][idx][:, ks], "target": ex["nft_target"][idx][:, ks],
+                  "t": t}
+            return torch.zeros(t.shape, device=v.device), {"loss_kwargs": kw}
         out, n, k = self._score(model, rollout, idx, ks)
         aux = {}
         ref_mean = rollout.extras.get("ref_mean")
@@ -116,7 +160,7 @@ class FlowPolicy:
     @torch.no_grad()
     def ref_logp(self, rollout: Rollout, idx: Tensor) -> Tensor | None:
         """Reference log-probs [n, K]: the adapter disabled (LoRA) or the frozen copy (full fine-tuning)."""
-        if not self.use_reference:
+        if not self.use_reference or self.objective == "nft":
             return None
         ex = rollout.extras
         if self.lora:
