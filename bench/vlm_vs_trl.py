@@ -276,12 +276,14 @@ def verdict(results: list[dict[str, Any]]) -> str:
          f"grad, backward, optimizer step) is where prefix sharing works: TRL / mmgrpo {trl[1] / mm[1]:.2f}x at "
          f"{top['s']['resolution']} px. Generate + score is not faster: both sides sample with transformers' "
          f"`generate` (mmgrpo one call per prompt with num_return_sequences=G, TRL one call for the whole batch), "
-         f"which prefix sharing does not touch, and mmgrpo's rollout also recomputes the old log-probs with a no-grad "
-         f"forward ({mm[2]:.2f} s of its {mm[0]:.2f} s) that TRL skips when the update is on-policy with one inner "
-         f"epoch (issue 9 item 3 asks for this reuse; the VLM policy does not do it yet). Projection, not a "
-         f"measurement: without that recomputation the ratio at {top['s']['resolution']} px would be about "
-         f"{proj:.2f}x. Beyond that, generation dominates the iteration on this CPU; a faster rollout backend (vLLM, "
-         f"or prefix-cached batched sampling) is what would move it."),
+         + (f"which prefix sharing does not touch, and mmgrpo's rollout also recomputes the old log-probs with a "
+            f"no-grad forward ({mm[2]:.2f} s of its {mm[0]:.2f} s) that TRL skips when the update is on-policy. "
+            f"Projection, not a measurement: without that recomputation the ratio at {top['s']['resolution']} px "
+            f"would be about {proj:.2f}x. " if mm[2] > 0 else
+            "which prefix sharing does not touch; on-policy (one epoch, one mini-batch) neither side re-scores the "
+            "old log-probs (mmgrpo's `defer_old_logp`). ")
+         + "Beyond that, generation dominates the iteration on this CPU; a faster rollout backend (vLLM, or "
+           "prefix-cached batched sampling) is what would move it."),
         (f"- <= {TARGETS['memory']}x TRL's peak memory: measured {mem} with TRL's buffer fitted "
          f"({'met' if all(mem_met) else 'missed'}); against TRL as shipped the ratio is lower still. The update's "
          f"activations set both peaks: TRL's plain batch holds G copies of each prefix (and runs the vision tower on "

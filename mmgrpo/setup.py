@@ -142,6 +142,10 @@ def setup(cfg: Config) -> Run:
     ema = EMA({names[id(p)]: p for p in params}, cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else None
     sampler = sampling.make_sampler(cfg.sample.sampler, len(task.train_data), seed=cfg.run.seed,
                                     **cfg.sample.sampler_kwargs)
+    if hasattr(task.policy, "defer_old_logp"):
+        # one epoch of one mini-batch updates the weights once, after every forward: the old log-probs equal the
+        # first forward's, so the rollout may skip its no-grad scoring pass (TRL does this when num_iterations=1)
+        task.policy.defer_old_logp = cfg.algo.inner_epochs == 1 and cfg.algo.num_minibatches == 1
     run = Run(cfg, acc, task, task.policy, model, optimizer, build_scheduler(optimizer, cfg), sampler, reward_set,
               ema, run_dir, ckpt_root, None)
     if data is not None:

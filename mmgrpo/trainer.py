@@ -83,6 +83,8 @@ def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor
     else:
         logp, aux = run.policy.logp(run.model, batch.rollout, idx, k_slice=ks)  # [n, k]
     old = batch.rollout.old_logp[idx][:, ks_].to(logp.device)
+    if batch.rollout.extras.get("old_logp_deferred"):
+        old = logp.detach()  # on-policy (one epoch, one mini-batch): no weight has moved since the rollout
     m = mask[idx][:, ks_].to(logp.device)
     kw = dict(a.loss_kwargs)
     if "group_size" in inspect.signature(losses.POLICY_LOSSES.get(a.loss)).parameters:

@@ -89,6 +89,10 @@ class Policy(Protocol):
     #   wants_step_advantages = True + step_advantages(rollout, rewards [B_local, G]) -> [N_local, K] per-decision
     #                                        advantages (BranchGRPO trees) instead of the configured estimator's
     #   k_chunk, per_element_metrics         see `logp`
+    #   defer_old_logp (bool attribute)      set by the engine to True when the update is on-policy (one inner epoch,
+    #                                        one mini-batch); the rollout may then skip scoring, return zeros as
+    #                                        old_logp and set extras["old_logp_deferred"] = True, and the loss uses
+    #                                        the update's own log-probs, detached, as the old ones
 
 
 @dataclass

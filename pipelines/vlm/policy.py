@@ -100,6 +100,7 @@ class VLMPolicy:
             self.ref_module = copy.deepcopy(module).requires_grad_(False).eval()
         self.care, self.check_logp = care, check_logp
         self.iteration: int | None = None
+        self.defer_old_logp = False  # the engine sets it (see mmgrpo.types.Policy)
         gen_cfg = unwrap(module.hf).generation_config
         eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else self.tokenizer.eos_token_id
         self.eos_ids = sorted({int(e) for e in (eos if isinstance(eos, list) else [eos])} |
@@ -176,11 +177,17 @@ class VLMPolicy:
         lengths = torch.cat(lens)  # [N]
         mask = torch.arange(k, device=completions.device)[None] < lengths[:, None]  # [N, K]
         completions = torch.where(mask, completions, self.tokenizer.pad_token_id)
-        old_logp = self._score(self.module, encs, completions, lengths, group_size)  # [N, K]
+        deferred = self.defer_old_logp and not self.check_logp
+        if deferred:  # the engine uses the update's first forward instead: one no-grad forward saved
+            old_logp = torch.zeros(mask.shape, device=completions.device)  # [N, K]
+        else:
+            old_logp = self._score(self.module, encs, completions, lengths, group_size)  # [N, K]
         texts = [self.tokenizer.decode(c[:n].tolist(), skip_special_tokens=True)
                  for c, n in zip(completions, lengths.tolist())]
         extras = {"completion_ids": completions, "lengths": lengths, "prompt_enc": encs,
                   "reward_fields": {"lengths": lengths.tolist()}}
+        if deferred:
+            extras["old_logp_deferred"] = True
         if self.iteration is not None:
             extras["reward_fields"]["step"] = [self.iteration] * len(texts)
         metrics = {"rollout/length_mean": float(lengths.float().mean()),
