@@ -32,7 +32,7 @@ THINK = {
 GROUNDING_TEMPLATE = "<think>Find the event.</think><answer>{start:.2f} to {end:.2f}</answer>"
 """31 tokens with the byte-level tokenizer (tags are one token each): fits configs/video's max_new_tokens=32"""
 TASKS = ("vqa", "grounding")
-VIDEO_FRAMES = dict(num_frames=8, shapes_frames=24, shapes_resolution=64)
+VIDEO_FRAMES = {"num_frames": 8, "shapes_frames": 24, "shapes_resolution": 64}
 """the frame settings of configs/video/shapes_grounding.yaml (8 of 24 frames at 4 fps, 64 px)"""
 
 
@@ -82,7 +82,8 @@ def encoder(task: str, processor) -> Any:
         from pipelines.vlm.policy import VLMPolicy as cls
     else:
         from pipelines.video.build import FORMAT_INSTRUCTION
-        from pipelines.video.policy import FrameSettings, VideoPolicy as cls
+        from pipelines.video.policy import FrameSettings
+        from pipelines.video.policy import VideoPolicy as cls
     ns = SimpleNamespace(processor=processor, device=torch.device("cpu"),
                          s=SimpleNamespace(instruction=FORMAT_INSTRUCTION, system_prompt=None))
     if task == "grounding":
@@ -276,6 +277,19 @@ def save(model: nn.Module, processor, out: Path, info: dict[str, Any]) -> None:
     (out / "train_log.json").write_text(json.dumps(info, indent=1))
 
 
+def validate(args, ema: nn.Module, processor, encode, val: list[dict[str, Any]], info: dict[str, Any], *,
+             step: int, minutes: float) -> None:
+    """Score the EMA model on the val sample; save it to args.out when best so far (and not above --ceiling)."""
+    table = score_model(ema, processor, encode, args.task, val)
+    metric = main_metric(args.task, table)
+    info["evals"].append({"step": step, "minutes": round(minutes, 2), "val": table})
+    print(f"step {step} ({minutes:.1f} min) val {metric:.3f} format {table['all']['format']:.3f}", flush=True)
+    ok = args.ceiling is None or metric <= args.ceiling
+    if ok and (info["best"] is None or metric > info["best"]["val"]):
+        info["best"] = {"step": step, "minutes": round(minutes, 2), "val": metric}
+        save(ema, processor, Path(args.out), info)
+
+
 def train(args) -> dict[str, Any]:
     """SFT for args.minutes of wall time; every args.eval_minutes the EMA model is scored on a fixed val sample and
     saved to args.out when it is the best so far (and, with --ceiling, not above the band's ceiling)."""
@@ -298,15 +312,7 @@ def train(args) -> dict[str, Any]:
         elapsed = time.time() - t0
         done = elapsed >= budget
         if done or time.time() - last_eval >= 60 * args.eval_minutes:
-            table = score_model(ema, processor, encode, args.task, val)
-            metric = main_metric(args.task, table)
-            ok = args.ceiling is None or metric <= args.ceiling
-            info["evals"].append({"step": step, "minutes": round(elapsed / 60, 2), "val": table})
-            print(f"step {step} ({elapsed / 60:.1f} min) val {metric:.3f} format {table['all']['format']:.3f}",
-                  flush=True)
-            if ok and (info["best"] is None or metric > info["best"]["val"]):
-                info["best"] = {"step": step, "minutes": round(elapsed / 60, 2), "val": metric}
-                save(ema, processor, Path(args.out), info)
+            validate(args, ema, processor, encode, val, info, step=step, minutes=elapsed / 60)
             last_eval = time.time()
             if done:
                 break
