@@ -17,6 +17,7 @@ EXAMPLES = """examples:
   mmgrpo sample configs/toy_count.yaml ckpt=latest out=samples/
   mmgrpo config configs/toy_count.yaml algo.loss=clipped    print the validated, resolved config
   mmgrpo list advantages                                   registered names with one-line descriptions
+  mmgrpo pretrain shapes-vlm --minutes 45                  retrain a shipped ShapesWorld model (see assets/README.md)
   mmgrpo rewards list
 """
 
@@ -116,6 +117,24 @@ def cmd_list(args) -> int:
     return 0
 
 
+PRETRAIN = {"shapes-t2i": ("pipelines.shapes.pretrain_t2i", []),
+            "shapes-vlm": ("pipelines.shapes.pretrain_vlm", ["--task", "vqa"]),
+            "shapes-video": ("pipelines.shapes.pretrain_vlm", ["--task", "grounding"])}
+"""`mmgrpo pretrain NAME [args]`: the module whose main(argv) trains NAME, and the arguments it always gets"""
+
+
+def cmd_pretrain(args) -> int:
+    import importlib
+
+    from mmgrpo.errors import UserError
+
+    if args.name not in PRETRAIN:
+        raise UserError(f"mmgrpo pretrain: unknown model {args.name!r}; choose from: {', '.join(PRETRAIN)}")
+    module, fixed = PRETRAIN[args.name]
+    importlib.import_module(module).main(fixed + list(args.args))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mmgrpo", description="Group-relative policy optimisation for generators, "
                                 "VLMs and video LLMs.", epilog=EXAMPLES, formatter_class=argparse.RawTextHelpFormatter)
@@ -131,6 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("config", help="YAML recipe, e.g. configs/toy_count.yaml")
         sp.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. algo.kl_coef=0.01")
         sp.set_defaults(func=func)
+    sp = sub.add_parser("pretrain", help="retrain a shipped ShapesWorld model (shapes-t2i, shapes-vlm, shapes-video)")
+    sp.add_argument("name", help=", ".join(PRETRAIN))
+    sp.add_argument("args", nargs=argparse.REMAINDER, help="passed on, e.g. --minutes 45 --out /tmp/model")
+    sp.set_defaults(func=cmd_pretrain)
     sp = sub.add_parser("list", help="list registered components with one-line descriptions")
     sp.add_argument("kind", nargs="?", default="all",
                     help="all, advantages, losses, aggregations, kl, samplers, pipelines, rewards")

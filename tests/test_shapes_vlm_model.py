@@ -167,3 +167,17 @@ def test_video_miou_on_fixed_test_sample(video_table):
                    "the SFT model sits at that prior (0.626); see assets/README.md")
 def test_video_miou_below_the_issue_ceiling(video_table):
     assert video_table["all"]["miou"] <= 0.4
+
+
+def test_cli_pretrain_names_its_choices_and_dispatches_to_a_main(capsys):
+    import importlib
+
+    from mmgrpo.cli import PRETRAIN, main
+
+    assert main(["pretrain", "shapes-gan"]) == 2
+    err = capsys.readouterr().err
+    assert "shapes-gan" in err and "shapes-t2i, shapes-vlm, shapes-video" in err
+    for module, _ in PRETRAIN.values():
+        assert callable(importlib.import_module(module).main)
+    args = P.parse_args(["--task", "grounding"])
+    assert (args.out, args.pixels) == ("assets/shapes-video", 56 * 56)  # the shipped video model's settings

@@ -355,7 +355,8 @@ def score_model(model, processor, encode, task: str, recs: list[dict[str, Any]])
 def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", choices=TASKS, required=True)
-    p.add_argument("--out", required=True, help="save_pretrained folder of the best EMA model")
+    p.add_argument("--out", default=None,
+                   help="save_pretrained folder of the best EMA model (default assets/shapes-vlm or assets/shapes-video)")
     p.add_argument("--minutes", type=float, default=45.0, help="training wall-clock budget")
     p.add_argument("--eval-minutes", type=float, default=5.0, help="validation (and best-checkpoint) interval")
     p.add_argument("--val-n", type=int, default=96)
@@ -370,10 +371,14 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--vision-dim", type=int, default=96)
     p.add_argument("--vision-depth", type=int, default=3)
-    p.add_argument("--pixels", type=int, default=112 * 112)
+    p.add_argument("--pixels", type=int, default=None,
+                   help="min = max pixels per image / frame (default 112*112 for vqa: 16 tokens; 56*56 for grounding)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.out = args.out or f"assets/shapes-{'vlm' if args.task == 'vqa' else 'video'}"
+    args.pixels = args.pixels or (112 * 112 if args.task == "vqa" else 56 * 56)
+    return args
 
 
 def main(argv: list[str] | None = None) -> None:
