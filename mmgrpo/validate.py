@@ -147,6 +147,7 @@ def _validate_components(cfg: Config) -> None:
 
 def validate(cfg: Config) -> None:
     """Raise UserError on the first invalid field; cheap (no model is loaded)."""
+    load_plugins()  # first: pipelines register advantages and losses (video's "tempsamp") that algo.* may name
     _validate_run(cfg)
     _validate_sample(cfg)
     _validate_algo(cfg)

@@ -176,6 +176,25 @@ def test_every_recipe_validates(recipe):
     assert isinstance(cfg, Config)
 
 
+def test_every_recipe_validates_in_a_fresh_process():
+    """As `mmgrpo train` sees them: a new interpreter that has imported no pipeline, so the names pipelines register
+    (video's "tempsamp" advantage, flow's losses) must be registered by validation itself. One process per configs/
+    folder (run side by side): within a process the first validation would register the names for the rest."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from mmgrpo.config import load_config\n"
+            "for p in sys.argv[1:]:\n    load_config(p)\nprint('ok', len(sys.argv) - 1)")
+    folders: dict[Path, list[str]] = {}
+    for p in _recipes():
+        folders.setdefault(p.parent, []).append(str(p))
+    procs = {d: subprocess.Popen([sys.executable, "-c", code, *paths], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, cwd=ROOT) for d, paths in folders.items()}
+    for d, proc in procs.items():
+        out, err = proc.communicate()
+        assert proc.returncode == 0 and out.strip() == f"ok {len(folders[d])}", f"{d}: {err[-2000:]}"
+
+
 def test_recipes_found():
     assert TOY in _recipes()
 
