@@ -8,6 +8,9 @@ import pytest
 
 from pipelines.shapes.verifier import detect
 from pipelines.shapes.video import (
+    LEAD_FRAMES,
+    MOVE_FRAMES,
+    SET_VERSION,
     Clip,
     Track,
     clip_questions,
@@ -83,6 +86,50 @@ def test_sample_clip_is_deterministic_and_valid():
             for xy in (t.start, t.end):
                 assert all(t.size <= v <= 1 - t.size for v in xy)
         assert len({t.color for t in clip.tracks}) == len(clip.tracks)
+
+
+def _grounding_spans(seed: int, n: int) -> list[tuple[str, tuple[float, float]]]:
+    """(query template with colour and shape masked, [start, end]) for every grounding query of n clips."""
+    from pipelines.shapes.pretrain_vlm import _template
+
+    rng = np.random.default_rng(seed)
+    return [(_template(q), tuple(a)) for _ in range(n) for q, a in clip_questions(sample_clip(rng))["grounding"]]
+
+
+def _iou(span: np.ndarray, gt: np.ndarray) -> np.ndarray:
+    """Temporal IoU of spans [S, 2] against ground truths [N, 2] -> [S, N]."""
+    inter = np.minimum(span[:, None, 1], gt[None, :, 1]) - np.maximum(span[:, None, 0], gt[None, :, 0])  # [S, N]
+    union = np.maximum(span[:, None, 1], gt[None, :, 1]) - np.minimum(span[:, None, 0], gt[None, :, 0])  # [S, N]
+    return np.clip(inter, 0, None) / union
+
+
+def test_events_are_spread_over_the_clip_so_no_blind_span_fits():
+    # the grounding set must be answerable only by looking: events anywhere in the clip, short, of varied length
+    clips = [sample_clip(np.random.default_rng(s)) for s in range(300)]
+    tracks = [t for c in clips for t in c.tracks]
+    assert np.mean([t.appear == 0 for t in tracks]) < 0.2  # the old set: 40% visible from 0 s
+    assert np.mean([t.disappear == 24 for t in tracks]) < 0.2  # the old set: 50% visible to the end
+    assert max(t.move_start for t in tracks) >= 18 and min(t.move_start for t in tracks) <= 2
+    assert {t.move_end - t.move_start for t in tracks} == set(range(MOVE_FRAMES[0], MOVE_FRAMES[1] + 1))
+    assert all(1 <= t.move_start - t.appear <= LEAD_FRAMES or t.appear == 0 for t in tracks)
+    assert np.mean([len(c.tracks) >= 2 for c in clips]) > 0.6
+    # the best constant span per query template (0.25 s grid), fitted on 400 clips, scored on 200 others
+    train, test = _grounding_spans(0, 400), _grounding_spans(1, 200)
+    grid = np.array([(a / 4, b / 4) for a in range(25) for b in range(a + 1, 25)])  # [300, 2]
+    ious = []
+    for key in {k for k, _ in test}:
+        fit = np.array([s for k, s in train if k == key])  # [N, 2]
+        best = grid[_iou(grid, fit).mean(axis=1).argmax()]
+        ious += _iou(best[None], np.array([s for k, s in test if k == key]))[0].tolist()
+    assert 0.15 < np.mean(ious) < 0.35  # measured 0.265; the old set: 0.634 (pretrain_vlm.blind_baseline)
+
+
+def test_cache_key_names_the_set_version(tmp_path):
+    from pipelines.video.data import shapes_video_dir
+
+    out = shapes_video_dir("val", 1, seed=0, types=("grounding",), num_frames=16, fps=4, resolution=32,
+                           cache_dir=tmp_path)
+    assert out.name.startswith(f"shapes_video-v{SET_VERSION}-val-n1-") and (out / "val.jsonl").is_file()
 
 
 @pytest.mark.parametrize("backend", ["av", "decord"])

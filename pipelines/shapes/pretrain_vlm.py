@@ -302,7 +302,7 @@ def train(args) -> dict[str, Any]:
     ema = copy.deepcopy(model).requires_grad_(False)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
     val = records(args.task, "val", args.val_n, seed=0)
-    stream = train_stream(args.task, seed=args.seed)
+    stream = train_stream(args.task, seed=args.seed, pool=args.pool)
     n_params = sum(p.numel() for p in model.parameters())
     info: dict[str, Any] = {"args": vars(args), "params": n_params, "losses": [], "evals": [], "best": None}
     print(f"{args.task}: {n_params:,} parameters", flush=True)
@@ -363,6 +363,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--test-n", type=int, default=300, help="test records for the final report (0: skip)")
     p.add_argument("--ceiling", type=float, default=None,
                    help="never keep a checkpoint whose val score is above this (leaves room for RL)")
+    p.add_argument("--pool", type=int, default=3000, help="grounding: training clips cycled (written once to the cache)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=50)
@@ -391,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
         print(format_table(table), flush=True)
         info["test"] = table
         info["test_eval_seconds"] = round(time.time() - t, 1)
-        info["test_blind_baseline"] = blind = blind_baseline(args.task, "test", args.test_n)
+        info["test_blind_baseline"] = blind = blind_baseline(args.task, "test", args.test_n, n_train=args.pool)
         print("image-blind baseline (best answer per question template, fitted on train):", flush=True)
         print(format_table(blind), flush=True)
         (Path(args.out) / "train_log.json").write_text(json.dumps(info, indent=1))

@@ -12,6 +12,14 @@ from pipelines.shapes.scenes import COLORS, MARGIN, SHAPES, Scene, SceneObject, 
 
 DIRECTIONS = {"right": (1.0, 0.0), "left": (-1.0, 0.0), "down": (0.0, 1.0), "up": (0.0, -1.0)}
 VIDEO_TYPES = ("grounding", "direction", "order", "count")
+SET_VERSION = 2
+"""names the on-disk clip cache (pipelines/video/data.py): bump it whenever sampling or rendering changes"""
+MOVE_FRAMES = (2, 6)
+"""a move lasts 2-6 frames and starts anywhere in the clip"""
+LEAD_FRAMES = 3
+"""an object appears 1-3 frames before its move starts and disappears 1-3 frames after it ends (clipped to the clip)"""
+N_OBJECTS_P = (0.2, 0.4, 0.4)
+"""P(1, 2, 3 objects): mostly several, with overlapping events, so the query's colour and shape matter"""
 
 
 @dataclass(frozen=True)
@@ -87,13 +95,14 @@ class Clip:
 
 
 def _track(rng: np.random.Generator, shape: str, color: str, num_frames: int, size_range) -> Track | None:
+    # Events are drawn uniformly over the clip and kept short (a move of 2-6 frames, visible 1-3 frames either side
+    # of it), so that no constant span per query template fits them: the span must be read from the frames.
     size = float(rng.uniform(*size_range))
-    appear = 0 if rng.random() < 0.4 else int(rng.integers(1, num_frames // 3))
-    move_start = appear + int(rng.integers(1, 4))
-    move_end = move_start + int(rng.integers(4, 9))
-    if move_end >= num_frames - 1:
-        return None
-    last = num_frames if rng.random() < 0.5 else int(rng.integers(move_end + 2, num_frames + 1))
+    length = int(rng.integers(MOVE_FRAMES[0], MOVE_FRAMES[1] + 1))
+    move_start = int(rng.integers(1, num_frames - length))  # move_end <= num_frames - 1: the end pose is shown
+    move_end = move_start + length
+    appear = max(0, move_start - int(rng.integers(1, LEAD_FRAMES + 1)))
+    disappear = min(num_frames, move_end + int(rng.integers(1, LEAD_FRAMES + 1)))
     direction = list(DIRECTIONS)[int(rng.integers(4))]
     dist = float(rng.uniform(0.25, 0.45))
     lo, hi = size + 0.02, 1 - size - 0.02
@@ -105,7 +114,7 @@ def _track(rng: np.random.Generator, shape: str, color: str, num_frames: int, si
         return None
     start = (float(x0), float(y0))
     end = (float(x0 + dx * dist), float(y0 + dy * dist))
-    return Track(shape, color, size, appear, min(last, num_frames), start, end, direction, move_start, move_end)
+    return Track(shape, color, size, appear, disappear, start, end, direction, move_start, move_end)
 
 
 def _apart(a: Track, b: Track, num_frames: int) -> bool:
@@ -129,11 +138,12 @@ def sample_clip(
 ) -> Clip:
     """A random clip of 1-3 objects with distinct colours and shapes; each appears, moves once, maybe disappears.
 
-    Objects never overlap on any frame (boxes stay MARGIN apart); sizes are fractions of the side.
+    Event times are uniform over the clip (see MOVE_FRAMES, LEAD_FRAMES). Objects never overlap on any frame (boxes
+    stay MARGIN apart); sizes are fractions of the side.
     """
     if not 16 <= num_frames <= 64:
         raise ValueError(f"num_frames={num_frames} is outside [16, 64]; clips need room for appear/move/disappear")
-    n = int(rng.integers(1, 4)) if n_objects is None else n_objects
+    n = int(rng.choice(3, p=N_OBJECTS_P)) + 1 if n_objects is None else n_objects
     if not 1 <= n <= len(SHAPES):
         raise ValueError(f"n_objects={n} must be in [1, {len(SHAPES)}]: each object has its own shape")
     for _ in range(50):
