@@ -15,14 +15,12 @@ $(STAMP): pyproject.toml requirements.txt
 
 install: $(STAMP)
 
-DEMO := configs/toy_count.yaml
+DEMO := configs/flow/shapes_t2i.yaml
 
 demo: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/mmgrpo train $(DEMO)
-	@echo "== before training (untrained policy) =="
-	@$(OFFLINE) $(VENV)/bin/mmgrpo eval $(DEMO) ckpt=none
-	@echo "== after training (newest checkpoint) =="
-	@$(OFFLINE) $(VENV)/bin/mmgrpo eval $(DEMO) ckpt=latest
+	@echo "== held-out verifier accuracy: base model (before) vs trained (after) =="
+	@$(OFFLINE) $(PY) -m pipelines.flow.compare $(DEMO)
 
 test: $(STAMP)
 	$(OFFLINE) $(PY) -m pytest -q
