@@ -1,6 +1,5 @@
 """pipelines.flow.compare: the before/after table (changes in points) and the report section it adds."""
 
-
 from pipelines.flow.compare import EVAL_OVERRIDES, add_to_report, compare_table, main
 
 
