@@ -119,6 +119,19 @@ def _add_lora(transformer, model_type: str, rank: int, alpha: float | None, targ
             p.data = p.data.float()  # trainable adapter weights stay fp32 under bf16 base weights
 
 
+STEP_WEIGHTS = ("none", "guard", "guard_normalized", "noise_aware")
+
+
+def _check_guard(objective: str, ratio_norm: bool, step_weights: str) -> None:
+    """ratio_norm / step_weights feed the guard_clipped loss (GRPO-Guard, TempFlow-GRPO): SDE objective only."""
+    if step_weights not in STEP_WEIGHTS:
+        raise UserError(f"pipeline.kwargs.step_weights ({step_weights!r}) must be one of {', '.join(STEP_WEIGHTS)}; "
+                        f"guard = GRPO-Guard's 1/|dt|, noise_aware = TempFlow-GRPO's std_t / mean std")
+    if objective == "nft" and (ratio_norm or step_weights != "none"):
+        raise UserError(f"pipeline.kwargs: ratio_norm ({ratio_norm}) and step_weights ({step_weights!r}) need "
+                        f"objective grpo with algo.loss guard_clipped; DiffusionNFT has no ratio, unset them")
+
+
 def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.float32, model: str = "",
                model_type: str | None = None, data: str | None = None, prompts: list | None = None,
                eval_data: str | None = None, eval_prompts: list | None = None, resolution: int | list[int] = 512,
@@ -128,7 +141,8 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
                plan: str = "independent", plan_kwargs: dict | None = None, lora_rank: int = 32,
                lora_alpha: float | None = None, lora_targets: list[str] | None = None, reference: bool = True,
                k_chunk: int | None = None, torch_dtype: str | None = None, gradient_checkpointing: bool = False,
-               decode_batch_size: int = 8, objective: str = "grpo", nft_steps: int = 2) -> Task:
+               decode_batch_size: int = 8, objective: str = "grpo", nft_steps: int = 2, ratio_norm: bool = False,
+               step_weights: str = "none") -> Task:
     """GRPO on a diffusers flow model (SD3/SD3.5, FLUX.1, Wan 2.1): SDE rollouts, exact log-probs, LoRA or full FT."""
     from pipelines.flow import plan as plans
     from pipelines.flow import sde as sde_mod
@@ -146,6 +160,7 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
         raise UserError(f"pipeline.kwargs: objective ({objective!r}) must be grpo (SDE log-prob ratios, algo.loss "
                         f"clipped) or nft (DiffusionNFT, algo.loss nft), and nft_steps ({nft_steps}) in 1..num_steps "
                         f"({num_steps})")
+    _check_guard(objective, ratio_norm, step_weights)
     if torch_dtype is not None and torch_dtype not in _DTYPES:
         raise UserError(f"pipeline.kwargs.torch_dtype ({torch_dtype!r}) must be one of {sorted(_DTYPES)} or null")
     train = _records(data, prompts, "training prompts")
@@ -178,7 +193,8 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
     policy = FlowPolicy(pipe, adapter, num_steps=num_steps, sde_kind=sde, noise_level=noise_level, reduce=reduce,
                         plan=plan, plan_kwargs=plan_kwargs or {}, same_noise=same_noise_per_group,
                         lora=lora_rank > 0, reference=reference, k_chunk=k_chunk, seed=seed,
-                        decode_batch_size=decode_batch_size, objective=objective, nft_steps=nft_steps)
+                        decode_batch_size=decode_batch_size, objective=objective, nft_steps=nft_steps,
+                        ratio_norm=ratio_norm, step_weights=step_weights)
     policy.num_params = {"transformer": num_params(transformer), "trainable": num_params(transformer, True)}
     return Task(policy=policy, module=transformer, train_data=train,
                 eval_data=_records(eval_data, eval_prompts, "evaluation prompts"))

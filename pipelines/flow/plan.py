@@ -69,6 +69,8 @@ class PlanResult:
     """[N, K] log-prob of each trained transition at sampling time"""
     nfe: int
     """model evaluations (each counts one latent, CFG not included)"""
+    mean: Tensor | None = None
+    """[N, K, ...] the sampling policy's transition means (keep_mean=True; GRPO-Guard's exact RatioNorm)"""
 
 
 def mix_seed(*parts: int) -> int:
@@ -87,7 +89,8 @@ def _generators(seeds: list[int], prompt: Tensor, key: Tensor, t: int) -> list[t
 
 def execute(plan: RolloutPlan, *, seeds: list[int], shape: tuple[int, ...], sigmas: Tensor, trained: Tensor,
             velocity: Callable[[Tensor, Tensor, Tensor], Tensor], step: Callable, noise_level: float,
-            device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> PlanResult:
+            device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+            keep_mean: bool = False) -> PlanResult:
     """Run `plan` for len(seeds) prompts; shared prefixes are computed once.
 
     Args:
@@ -97,6 +100,7 @@ def execute(plan: RolloutPlan, *, seeds: list[int], shape: tuple[int, ...], sigm
         trained: [N, T] bool, which transitions of each leaf to keep (same count K per leaf).
         velocity: fn(x [M, ...], sigma [M], prompt [M] long) -> v [M, ...].
         step: `sde.step`-like fn(kind, x, v, sigma, sigma_next, noise_level=, generator=) -> (prev_sample, logp, ...).
+        keep_mean: also return each trained transition's mean (PlanResult.mean), one more [N, K, ...] tensor.
     Returns:
         PlanResult with leaves in prompt-major order.
     """
@@ -129,32 +133,36 @@ def execute(plan: RolloutPlan, *, seeds: list[int], shape: tuple[int, ...], sigm
         out = step(plan.kinds[t], x, v, sig, sigmas[t + 1].expand(len(x)).to(device), noise_level=noise_level,
                    generator=gens)
         if trained[:, t].any():
-            keep[t] = (x, out.prev_sample, out.logp)
+            keep[t] = (x, out.prev_sample, out.logp, out.mean if keep_mean else None)
         x = out.prev_sample
-    x_t, x_next, steps, logp = _gather(plan, keep, x, trained, k)
-    return PlanResult(final=x, x_t=x_t, x_next=x_next, steps=steps, logp=logp, nfe=nfe)
+    x_t, x_next, steps, logp, mean = _gather(plan, keep, x, trained, k)
+    return PlanResult(final=x, x_t=x_t, x_next=x_next, steps=steps, logp=logp, nfe=nfe,
+                      mean=mean if keep_mean else None)
 
 
 def _gather(plan: RolloutPlan, keep: dict, final: Tensor, trained: Tensor, k: int):
-    """Per leaf, its ancestors' trained transitions in step order: (x_t, x_next [N, K, ...], steps, logp [N, K])."""
+    """Per leaf, its ancestors' trained transitions in step order: (x_t, x_next [N, K, ...], steps, logp [N, K],
+    mean [N, K, ...] or None)."""
     n = final.shape[0]
     if k == 0:
         empty = final.new_zeros((n, 0, *final.shape[1:]))
-        return empty, empty, torch.zeros(n, 0, dtype=torch.long), final.new_zeros(n, 0, dtype=torch.float32)
+        return empty, empty, torch.zeros(n, 0, dtype=torch.long), final.new_zeros(n, 0, dtype=torch.float32), empty
     steps = torch.stack([row.nonzero().flatten() for row in trained])  # [N, K]
     fan = torch.tensor([plan.fanout_after(t) for t in range(plan.num_steps)])  # [T]
     node = torch.arange(n)[:, None] // fan[steps]  # [N, K] index among the nodes alive at that step
-    xs, xn, lp = [], [], []
+    xs, xn, lp, mu = [], [], [], []
     for i in range(n):
         for j in range(k):
-            x_t, x_next, logp = keep[int(steps[i, j])]
+            x_t, x_next, logp, mean = keep[int(steps[i, j])]
             c = int(node[i, j])
             xs.append(x_t[c])
             xn.append(x_next[c])
             lp.append(logp[c])
+            if mean is not None:
+                mu.append(mean[c])
     shape = (n, k, *final.shape[1:])
     return (torch.stack(xs).view(shape), torch.stack(xn).view(shape), steps,
-            torch.stack(lp).view(n, k).float())
+            torch.stack(lp).view(n, k).float(), torch.stack(mu).view(shape) if mu else None)
 
 
 def count_nfe(plan: RolloutPlan, b: int) -> int:

@@ -33,9 +33,10 @@ class FlowPolicy:
     def __init__(self, pipe: Any, model: FlowModel, *, num_steps: int, sde_kind: str, noise_level: float,
                  reduce: str, plan: str, plan_kwargs: dict, same_noise: bool, lora: bool, reference: bool,
                  k_chunk: int | None, seed: int, decode_batch_size: int, objective: str = "grpo",
-                 nft_steps: int = 2):
+                 nft_steps: int = 2, ratio_norm: bool = False, step_weights: str = "none"):
         self.pipe, self.model, self.transformer = pipe, model, pipe.transformer
         self.objective, self.nft_steps = objective, nft_steps
+        self.ratio_norm, self.step_weights = ratio_norm, step_weights
         self.num_steps, self.sde_kind, self.noise_level, self.reduce = num_steps, sde_kind, noise_level, reduce
         self.plan_name, self.plan_kwargs, self.same_noise = plan, dict(plan_kwargs), same_noise
         self.lora, self.k_chunk, self.seed, self.decode_batch_size = lora, k_chunk, seed, decode_batch_size
@@ -74,7 +75,7 @@ class FlowPolicy:
 
         res = plans.execute(plan, seeds=list(seeds), shape=self.model.latent_shape(), sigmas=self.sigmas,
                             trained=trained, velocity=velocity, step=step, noise_level=self.noise_level,
-                            device=device, dtype=dtype)
+                            device=device, dtype=dtype, keep_mean=self.ratio_norm)
         if not self._iteration_fixed:
             self.iteration += 1
         n = res.final.shape[0]
@@ -87,6 +88,8 @@ class FlowPolicy:
             return self._nft_rollout(res.final, samples, per_sample, group_size, list(seeds), res.nfe)
         extras = {"x_t": res.x_t, "x_next": res.x_next, "sigma": sig.to(device), "sigma_next": sig_next.to(device),
                   "step": res.steps, **per_sample}
+        if res.mean is not None:
+            extras["old_mean"] = res.mean  # [N, K, ...] the rollout policy's means, for the exact RatioNorm
         sde_steps = sum(k != "ode" for k in plan.kinds)
         metrics = {"rollout/nfe_per_sample": res.nfe / n, "rollout/sde_steps": float(sde_steps),
                    "rollout/first_trained_step": float(res.steps.min()) if res.steps.numel() else -1.0}
@@ -155,7 +158,32 @@ class FlowPolicy:
         if ref_mean is not None:
             ref = ref_mean[idx][:, ks].reshape(out.mean.shape).to(out.mean.device)
             aux["kl"] = sde.kl_gaussian(out.mean, ref, out.std, self.reduce).view(n, k)
+        kw = self._guard_kwargs(out, rollout, idx, ks, n, k)
+        if kw:
+            aux["loss_kwargs"] = kw
         return out.logp.view(n, k), aux
+
+    def step_weight_table(self) -> Tensor:
+        """[T] loss weight of each denoising step for `step_weights` (guard: GRPO-Guard's 1 / |dt|, arXiv:2510.22319;
+        guard_normalized: the same over its mean on the schedule; noise_aware: TempFlow-GRPO's std_t / mean std)."""
+        from pipelines.flow.objectives import guard_step_weights, noise_aware_weights
+
+        s, s_next = self.sigmas[:-1].double(), self.sigmas[1:].double()  # [T]
+        if self.step_weights == "noise_aware":
+            return noise_aware_weights(s, s_next, kind=self.sde_kind, noise_level=self.noise_level)
+        return guard_step_weights(s, s_next, normalize=self.step_weights == "guard_normalized")
+
+    def _guard_kwargs(self, out, rollout: Rollout, idx: Tensor, ks: slice, n: int, k: int) -> dict[str, Tensor]:
+        """The guard_clipped loss's per-element inputs [n, k]: std and mean_sq_dist (ratio_norm) and weight."""
+        kw = {}
+        if self.ratio_norm:
+            old = rollout.extras["old_mean"][idx][:, ks].reshape(out.mean.shape).to(out.mean)  # [n * k, ...]
+            kw["std"] = out.std.view(n, k)
+            kw["mean_sq_dist"] = sde._reduce((out.mean - old) ** 2, self.reduce).view(n, k)  # grad through mean
+        if self.step_weights != "none":
+            steps = rollout.extras["step"][idx][:, ks]  # [n, k]
+            kw["weight"] = self.step_weight_table()[steps.cpu()].to(out.logp)  # [n, k]
+        return kw
 
     @torch.no_grad()
     def ref_logp(self, rollout: Rollout, idx: Tensor) -> Tensor | None:
