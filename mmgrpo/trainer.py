@@ -103,7 +103,10 @@ def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor
     if "entropy" in aux:
         metrics["entropy"] = torch.where(m, aux["entropy"], 0.0).sum() / m.sum().clamp(min=1)
     if getattr(run.policy, "per_element_metrics", False):
-        metrics.update(_per_element(logp.detach(), old, m, ks_.start or 0))
+        params = inspect.signature(losses.POLICY_LOSSES.get(a.loss)).parameters  # the loss's own clip range
+        clip = {n: kw.get(n, params[n].default) for n in ("clip_low", "clip_high")
+                if n in params and params[n].default is not inspect.Parameter.empty}
+        metrics.update(_per_element(logp.detach(), old, m, ks_.start or 0, **clip))
     if ks is not None and a.aggregation == "seq_mean_token_mean":
         # a row's mean over all K = sum over chunks of (chunk sum / full-row count): rescale each chunk's mean
         full = mask[idx].sum(1).clamp(min=1).to(logp.device)  # [n]
@@ -113,12 +116,22 @@ def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor
     return loss * run.accelerator.num_processes, metrics, bad  # DDP averages gradients; denominators are global
 
 
-def _per_element(logp: Tensor, old: Tensor, m: Tensor, k0: int) -> dict[str, Tensor]:
-    """Per decision index (e.g. denoising step) ratio mean, for pipelines that ask for it."""
+def _per_element(logp: Tensor, old: Tensor, m: Tensor, k0: int, clip_low: float = 0.2,
+                 clip_high: float = 0.2) -> dict[str, Tensor]:
+    """Per decision index (e.g. denoising step), for pipelines that ask: the raw ratio's mean, population std and
+    the fractions above 1 + clip_high and below 1 - clip_low (the over-optimisation monitor of GRPO-Guard)."""
     ratio = torch.exp((logp - old).clamp(-20, 20))  # [n, k]
-    cnt = m.sum(0)  # [k]
-    mean = torch.where(m, ratio, 0.0).sum(0) / cnt.clamp(min=1)  # [k]
-    return {f"ratio/k{k0 + j}": mean[j] for j in range(mean.numel()) if cnt[j] > 0}
+    cnt = m.sum(0).clamp(min=1)  # [k]
+    mean = torch.where(m, ratio, 0.0).sum(0) / cnt  # [k]
+    std = (torch.where(m, (ratio - mean) ** 2, 0.0).sum(0) / cnt).sqrt()  # [k]
+    upper = (m & (ratio > 1 + clip_high)).to(ratio.dtype).sum(0) / cnt  # [k]
+    lower = (m & (ratio < 1 - clip_low)).to(ratio.dtype).sum(0) / cnt  # [k]
+    out = {}
+    for j in (j for j in range(mean.numel()) if m[:, j].any()):
+        k = k0 + j
+        out.update({f"ratio/k{k}": mean[j], f"ratio/k{k}/std": std[j], f"ratio/k{k}/clip_upper": upper[j],
+                    f"ratio/k{k}/clip_lower": lower[j]})
+    return out
 
 
 def _k_slices(run: Run, k: int) -> list[slice | None]:

@@ -67,9 +67,16 @@ def test_recipe_trains_two_steps_on_tiny_model(recipe, tmp_path, monkeypatch):
     rows = [__import__("json").loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2
     first = rows[0]
-    # one mini-batch, one epoch: every log-prob is taken before the only optimizer step, so the ratio is 1
-    assert first["ratio/mean"] == pytest.approx(1.0, abs=1e-5)
-    assert first["clip/upper_frac"] == 0.0 and first["clip/lower_frac"] == 0.0
+    if cfg.algo.loss == "nft":  # likelihood-free: no ratio; the implicit policies start at the old one
+        assert first["nft/old_deviation"] == pytest.approx(0.0, abs=1e-8)
+    else:
+        # one mini-batch, one epoch: every log-prob is taken before the only optimizer step, so the ratio is 1
+        assert first["ratio/mean"] == pytest.approx(1.0, abs=1e-5)
+        assert first["clip/upper_frac"] == 0.0 and first["clip/lower_frac"] == 0.0
+        # the per-step monitor (issue 6 item 5): mean, std and both clip fractions for every trained step
+        steps = sorted({k.split("/")[1] for k in first if k.startswith("ratio/k")})
+        assert steps and all(f"ratio/{s}/{x}" in first for s in steps for x in ("std", "clip_upper", "clip_lower"))
+        assert all(first[f"ratio/{s}/clip_upper"] == 0.0 for s in steps)
     assert all(torch.isfinite(torch.tensor(r["loss/policy"])) for r in rows)
     weights = load_file(str(checkpoint.list_checkpoints(tmp_path / "checkpoints")[-1] / "weights.safetensors"))
     task_module_init = _initial_weights(cfg)
