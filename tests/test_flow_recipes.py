@@ -56,7 +56,8 @@ def test_recipe_validates(recipe):
     cfg = load_config(recipe)
     assert cfg.pipeline.name == "flow"
     assert cfg.sample.batch_size % cfg.sample.group_size == 0
-    assert recipe.read_text().startswith("#"), "recipes open with a comment: what, how to run, what to expect"
+    text = recipe.read_text()
+    assert text.startswith("#") and "\n# Run:" in text, "recipes open with a comment: what, how to run, what to expect"
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.stem for p in RECIPES])
