@@ -80,10 +80,14 @@ def shapes_note() -> str:
     p = REPO / "assets" / "shapes-t2i"
     if not p.is_dir():
         return "assets/shapes-t2i is not in this checkout, so the tiny random SD3 and a bench-only reward stand in"
-    if not (p / "model_index.json").is_file():
-        return ("assets/shapes-t2i exists but is not a diffusers pipeline the flow pipeline loads, so the tiny "
-                "random SD3 and a bench-only reward stand in")
-    return "assets/shapes-t2i loads as a diffusers pipeline now: this benchmark should switch to it and shapes_geneval"
+    from pipelines.flow.shapes_model import is_shapes_dir
+
+    if not is_shapes_dir(str(p)) and not (p / "model_index.json").is_file():
+        return ("assets/shapes-t2i exists but is in neither format the flow pipeline loads, so the tiny random SD3 "
+                "and a bench-only reward stand in")
+    return ("assets/shapes-t2i loads in the flow pipeline (configs/flow/shapes_t2i.yaml), but this benchmark still "
+            "runs the tiny random SD3 with a bench-only reward; switching it to the ShapesWorld model and "
+            "shapes_geneval is left to a re-run")
 
 
 def make_run(out_dir: Path, model: str, *, plan: str, plan_kwargs: dict, setting: dict, seed: int):
@@ -470,8 +474,8 @@ def _verdict(tree: dict, extra: dict, window: dict) -> str:
         f"and a bench-only brightness reward over a short budget"
         + ("; every run gained on both sides, but the spread between seeds is wide." if steady else
            "; runs disagree in sign, so the ratio is not yet a stable figure.")
-        + " A stable figure needs the ShapesWorld text-to-image model (assets/shapes-t2i, not yet loadable by the "
-        "flow pipeline) with shapes_geneval and longer budgets.",
+        + " A stable figure needs a re-run on the ShapesWorld text-to-image model (assets/shapes-t2i, which the "
+        "flow pipeline loads: configs/flow/shapes_t2i.yaml) with shapes_geneval and longer budgets.",
     ])
 
 
