@@ -72,7 +72,7 @@ def test_ratio_norm_passes_exact_inputs_and_equals_eps_dot_mean_shift(tiny):
 def test_guard_step_weights_switch_scales_the_loss_by_one_over_dt(tiny):
     pol, module = _policy(tiny, ratio_norm=True, step_weights="guard")
     r = pol.rollout(PROMPTS, 2, [3, 4])
-    n, k = r.old_logp.shape
+    n = r.old_logp.shape[0]
     _nudge_lora(module)
     lp, aux = pol.logp(module, r, torch.arange(n))
     kw = aux["loss_kwargs"]
@@ -91,7 +91,7 @@ def test_guard_step_weights_switch_scales_the_loss_by_one_over_dt(tiny):
 def test_noise_aware_and_normalized_weights_follow_the_schedule(tiny):
     pol, module = _policy(tiny, step_weights="noise_aware")
     r = pol.rollout(PROMPTS, 2, [3, 4])
-    n, k = r.old_logp.shape
+    n = r.old_logp.shape[0]
     _, aux = pol.logp(module, r, torch.arange(n))
     assert set(aux["loss_kwargs"]) == {"weight"}  # no ratio_norm: only the weights reach the loss
     w = aux["loss_kwargs"]["weight"].double()

@@ -20,7 +20,8 @@ class FlowPolicy:
     """GRPO policy over a diffusers flow transformer (LoRA adapter or full weights) with a rollout plan.
 
     Attributes read by the trainer: `k_chunk` (trained steps per backward; None = all K at once) and
-    `per_element_metrics` (per-step ratio means logged as ratio/k<j>).
+    `per_element_metrics` (per step: ratio/k<j> mean, /std, /clip_upper, /clip_lower). With `ratio_norm` or
+    `step_weights`, logp() returns aux["loss_kwargs"] (std, mean_sq_dist, weight [n, k]) for algo.loss guard_clipped.
     """
 
     per_element_metrics = True
