@@ -47,7 +47,7 @@ def test_ratio_norm_passes_exact_inputs_and_equals_eps_dot_mean_shift(tiny):
     assert r.extras["old_mean"].shape == r.extras["x_t"].shape
     lp, aux = pol.logp(module, r, torch.arange(n))
     kw = aux["loss_kwargs"]
-    assert set(kw) == {"std", "mean_sq_dist"}
+    assert set(kw) == {"std", "mean_sq_dist", "k_offset"} and kw["k_offset"] == 0
     # before any update the means are the stored ones: d2 = 0 and the normalised log-ratio is exactly 0
     assert float(kw["mean_sq_dist"].detach().abs().max()) < 1e-10
     want_std = sde.step_std("flow_grpo", r.extras["sigma"].reshape(-1), r.extras["sigma_next"].reshape(-1),
@@ -72,7 +72,7 @@ def test_ratio_norm_passes_exact_inputs_and_equals_eps_dot_mean_shift(tiny):
 def test_guard_step_weights_switch_scales_the_loss_by_one_over_dt(tiny):
     pol, module = _policy(tiny, ratio_norm=True, step_weights="guard")
     r = pol.rollout(PROMPTS, 2, [3, 4])
-    n = r.old_logp.shape[0]
+    n, k = r.old_logp.shape
     _nudge_lora(module)
     lp, aux = pol.logp(module, r, torch.arange(n))
     kw = aux["loss_kwargs"]
@@ -84,8 +84,19 @@ def test_guard_step_weights_switch_scales_the_loss_by_one_over_dt(tiny):
                               **{key: v for key, v in kw.items() if key != "weight"})
     torch.testing.assert_close(weighted.double(), plain.double() / dt, rtol=1e-5, atol=1e-12)
     # a k-chunk gets the weights of its own steps
-    _, aux1 = pol.logp(module, r, torch.arange(n), k_slice=slice(1, 2))
+    lp1, aux1 = pol.logp(module, r, torch.arange(n), k_slice=slice(1, 2))
     torch.testing.assert_close(aux1["loss_kwargs"]["weight"], kw["weight"][:, 1:2])
+    # the loss logs its per-step monitor of the normalised ratio r_hat (what it clips), keyed by the true step
+    _, metrics = losses.compute("guard_clipped", lp, r.old_logp, adv, r.mask, **kw)
+    log_r = guard_log_ratio(lp.detach().double(), r.old_logp.double(), r.mask, std=kw["std"].double(),
+                            mean_sq_dist=kw["mean_sq_dist"].detach().double())
+    for j in range(k):
+        torch.testing.assert_close(metrics[f"guard/ratio/k{j}/mean"].double(), log_r[:, j].exp().mean(),
+                                   rtol=1e-5, atol=0)
+        assert f"guard/ratio/k{j}/clip_upper" in metrics and f"guard/ratio/k{j}/clip_lower" in metrics
+    _, m1 = losses.compute("guard_clipped", lp1, r.old_logp[:, 1:2], adv, r.mask[:, 1:2], **aux1["loss_kwargs"])
+    assert {key for key in m1 if key.startswith("guard/ratio/")} == {f"guard/ratio/k1/{x}" for x in
+                                                                     ("mean", "std", "clip_upper", "clip_lower")}
 
 
 def test_noise_aware_and_normalized_weights_follow_the_schedule(tiny):
@@ -93,7 +104,7 @@ def test_noise_aware_and_normalized_weights_follow_the_schedule(tiny):
     r = pol.rollout(PROMPTS, 2, [3, 4])
     n = r.old_logp.shape[0]
     _, aux = pol.logp(module, r, torch.arange(n))
-    assert set(aux["loss_kwargs"]) == {"weight"}  # no ratio_norm: only the weights reach the loss
+    assert set(aux["loss_kwargs"]) == {"weight", "k_offset"}  # no ratio_norm: only the weights reach the loss
     w = aux["loss_kwargs"]["weight"].double()
     # Flow-GRPO std_t = eta sqrt(s / (1 - s)) sqrt(dt) (eta cancels); the weight is std_t over the schedule mean
     s, s_next = pol.sigmas[:-1].double(), pol.sigmas[1:].double()

@@ -110,6 +110,7 @@ def guard_clipped(
     std: Tensor | None = None,
     mean_sq_dist: Tensor | None = None,
     weight: Tensor | None = None,
+    k_offset: int | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GRPO-Guard regulated clipping: the clipped surrogate on the RatioNorm ratio, times optional step weights.
 
@@ -125,6 +126,8 @@ def guard_clipped(
         clip_low, clip_high: >= 0 clip range of r_hat.
         std, mean_sq_dist: [N, K] or None (see guard_log_ratio).
         weight: [K] or [N, K] per-step weight, or None for 1.
+        k_offset: step index of column 0 (the flow policy passes it); when given, the per-step monitor of r_hat
+            (per_step_ratio_metrics: what this loss clips) is added under guard/ratio/k<j>/...
 
     Returns:
         loss [N, K] (0 on masked elements) and the detached metrics of mmgrpo.losses.policy_loss computed on r_hat
@@ -142,6 +145,10 @@ def guard_clipped(
         valid = mask.bool()
         raw = torch.where(valid, logp.detach() - old_logp.detach(), 0.0)
         metrics["guard/raw_log_ratio_mean"] = raw.sum() / valid.sum().clamp_min(1)
+    if k_offset is not None:
+        per_step = per_step_ratio_metrics(log_r.detach(), mask, clip_low=clip_low, clip_high=clip_high,
+                                          k_offset=int(k_offset))
+        metrics.update({f"guard/{key}": v for key, v in per_step.items()})
     return loss, metrics
 
 

@@ -175,7 +175,7 @@ class FlowPolicy:
         return guard_step_weights(s, s_next, normalize=self.step_weights == "guard_normalized")
 
     def _guard_kwargs(self, out, rollout: Rollout, idx: Tensor, ks: slice, n: int, k: int) -> dict[str, Tensor]:
-        """The guard_clipped loss's per-element inputs [n, k]: std and mean_sq_dist (ratio_norm) and weight."""
+        """The guard_clipped loss's per-element inputs [n, k]: std and mean_sq_dist (ratio_norm), weight, k_offset."""
         kw = {}
         if self.ratio_norm:
             old = rollout.extras["old_mean"][idx][:, ks].reshape(out.mean.shape).to(out.mean)  # [n * k, ...]
@@ -184,6 +184,8 @@ class FlowPolicy:
         if self.step_weights != "none":
             steps = rollout.extras["step"][idx][:, ks]  # [n, k]
             kw["weight"] = self.step_weight_table()[steps.cpu()].to(out.logp)  # [n, k]
+        if kw:
+            kw["k_offset"] = ks.start or 0  # guard_clipped then logs its own per-step monitor of r_hat
         return kw
 
     @torch.no_grad()
