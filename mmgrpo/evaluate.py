@@ -43,6 +43,8 @@ def _load(cfg: Config, ckpt: str | None, ema: bool = False):
                         f"optim.ema_decay>0 (e.g. 0.99) or drop ema=true")
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu")
     task = build_task(cfg, device)
+    if hasattr(task.policy, "for_evaluation"):
+        task.policy.for_evaluation()  # no training-only rollout tricks (e.g. TempSamp's injected ground truth)
     if path is not None:
         data = checkpoint.load(path, 0)
         task.policy.load_state_dict(data["weights"])

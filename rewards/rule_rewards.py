@@ -136,15 +136,23 @@ def box_iou_reward(*, threshold: float | None = None, tag: str = "answer") -> Re
     paper="VideoChat-R1; TempSamp-R1 shaping",
 )
 def temporal_iou_reward(
-    *, shaping: str = "none", threshold: float = 0.8, alpha: float = 1.0, tag: str = "answer"
+    *, shaping: str = "none", threshold: float = 0.8, alpha: float = 1.0, tag: str = "answer",
+    recall_at: float | None = None,
 ) -> Reward:
-    """Temporal IoU of the predicted (start, end) vs field `spans`; empty union scores 0; optional TempSamp shaping."""
+    """Temporal IoU of the predicted (start, end) vs field `spans`; empty union scores 0; optional TempSamp shaping.
+
+    recall_at=m turns it into the grounding metric R@m (Charades-STA's R@0.5): 1 when IoU >= m, else 0; its mean
+    over a set is the recall, as `mmgrpo eval` reports it beside the mIoU."""
     if shaping not in ("none", "tempsamp"):
         raise ValueError(f"shaping={shaping!r} must be 'none' or 'tempsamp'")
+    if recall_at is not None and not 0 < recall_at <= 1:
+        raise ValueError(f"recall_at={recall_at!r} must be in (0, 1], e.g. 0.5 for R@0.5")
 
     def fn(text, spans):
         pred = rules.parse_span(rules.answer_text(text, tag))
         iou = 0.0 if pred is None else rules.temporal_iou(pred, [float(v) for v in spans])
+        if recall_at is not None:
+            return float(iou >= recall_at)
         return iou if shaping == "none" else rules.tempsamp_shaping(iou, threshold=threshold, alpha=alpha)
 
     return _per_sample(

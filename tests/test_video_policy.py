@@ -119,3 +119,17 @@ def test_builder_errors(cache):
         build_video(seed=0, device=torch.device("cpu"), cache_dir=cache, temporal="shuffle", **SMALL)
     with pytest.raises(UserError, match="frame_mode"):
         build_video(seed=0, device=torch.device("cpu"), cache_dir=cache, frame_mode="tokens", **SMALL)
+
+
+def test_evaluation_rollouts_inject_no_ground_truth(cache):
+    """`mmgrpo eval` calls for_evaluation(): every member is sampled (an injected answer would score as the model's)."""
+    task = build_video(seed=0, device=torch.device("cpu"), model="tiny-random-qwen2.5-vl", cache_dir=cache,
+                       inject_ground_truth=True, temporal="logp_gap", **SMALL)
+    pol = task.policy
+    first = pol.rollout(task.train_data[:1], 3, [5])
+    assert first.extras["injected"].tolist() == [False, False, True]
+    assert "temporal_gap" in first.extras["reward_fields"]
+    pol.for_evaluation()
+    r = pol.rollout(task.train_data[:1], 3, [5])
+    assert r.extras["injected"].tolist() == [False, False, False]
+    assert "temporal_gap" not in r.extras.get("reward_fields", {}) and pol.m.temporal == "none"

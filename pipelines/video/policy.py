@@ -5,6 +5,7 @@ Log-probs, the prefix-shared forward (vision tower once per group), references a
 Rollout extras: completion_ids, lengths, prompt_enc (as the VLM's), injected [N] bool (TempSamp ground truth).
 """
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,13 @@ class VideoPolicy(VLMPolicy):
             spec = methods.augment_reward
             name, kw = (spec, {}) if isinstance(spec, str) else (spec["name"], dict(spec.get("kwargs") or {}))
             self.augment_reward = load(name, **kw)
+
+    def for_evaluation(self) -> None:
+        """Called by `mmgrpo eval` / `sample`: rollouts become plain on-policy samples. Ground-truth injection would
+        put the answer into every scored group, and shuffled-frame passes and noise augmentation are training
+        signals, not what a user measures."""
+        self.m = dataclasses.replace(self.m, inject_ground_truth=False, temporal="none", augment=False)
+        self.augment_reward = None
 
     # ----- prompts
     def encode(self, record: dict[str, Any], *, seed: int = 0, shuffle_seed: int | None = None,
