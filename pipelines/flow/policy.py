@@ -5,6 +5,7 @@ K is the number of trained denoising transitions; their latents ride in `Rollout
 
 import copy
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -249,6 +250,13 @@ class FlowPolicy:
         meta = self.transformer.peft_config["default"].to_dict()
         type(self.pipe).save_lora_weights(save_directory=path, transformer_lora_layers=self.state_dict(),
                                           transformer_lora_adapter_metadata=meta)
+
+    def export(self, directory: Path) -> None:
+        """Each checkpoint's export/: with LoRA on a diffusers pipeline, the adapter as `load_lora_weights` reads it.
+        Full fine-tuning (and the pixel-space ShapesWorld model, which has no pipeline class) writes nothing more:
+        the checkpoint's safetensors already hold every trained weight."""
+        if self.lora and hasattr(type(self.pipe), "save_lora_weights"):
+            self.save_lora(str(directory))
 
     def gallery(self, rollout: Rollout, prompts: list[dict[str, Any]], rewards: Tensor) -> list[dict[str, Any]]:
         """The first two groups: image (or frames) with prompt and reward."""
