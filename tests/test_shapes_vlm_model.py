@@ -156,17 +156,10 @@ def video_table():
 
 
 def test_video_miou_on_fixed_test_sample(video_table):
-    # measured on these 24 clips: format 1.0, mIoU 0.672 (300 test clips: 0.626); below 0.9 leaves room for RL
+    # measured on these 24 clips: format 1.0, mIoU 0.209 (300 test clips: 0.275); the issue's band is 0.15-0.4
     table = video_table
     assert table["all"]["format"] >= 0.9
-    assert 0.15 <= table["all"]["miou"] <= 0.9
-
-
-@pytest.mark.xfail(strict=True, reason="issue 5 asks mIoU <= 0.4, but on the ShapesWorld grounding set the best "
-                   "image-blind constant span per query already scores 0.634 on test (pretrain_vlm.blind_baseline); "
-                   "the SFT model sits at that prior (0.626); see assets/README.md")
-def test_video_miou_below_the_issue_ceiling(video_table):
-    assert video_table["all"]["miou"] <= 0.4
+    assert 0.15 <= table["all"]["miou"] <= 0.4
 
 
 def test_cli_pretrain_names_its_choices_and_dispatches_to_a_main(capsys):
