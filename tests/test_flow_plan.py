@@ -157,3 +157,72 @@ def test_probability_weighted_fusion():
     fused = P.node_rewards(plan, torch.tensor([[0.0, 1.0]]), fusion="prob", leaf_logp=lp)
     torch.testing.assert_close(fused[0], torch.tensor([[0.75]]))
     torch.testing.assert_close(P.node_rewards(plan, torch.tensor([[0.0, 1.0]]))[0], torch.tensor([[0.5]]))
+
+
+def test_width_pruning_by_hand_on_a_small_tree():
+    # BranchGRPO arXiv:2509.06040 (repo --width_pruning_mode 1 / 2): one root, splits at steps 0 and 2 (fan-out 2),
+    # T = 4, leaves r = [1, 2, 3, 5]; leaf i's node at step t is i // fanout_after(t): steps 0-1 -> i // 2, 2-3 -> i.
+    plan, trained = _plan("tree", num_steps=4, seeds=[1], split_steps=[0, 2], width_prune="branch_best")
+    r = torch.tensor([[1.0, 2.0, 3.0, 5.0]])
+    # branch_best: sibling sets of the last split {0, 1} and {2, 3}; best of each = leaves 1 (r=2) and 3 (r=5)
+    assert P.width_keep_leaves(plan, r).tolist() == [[False, True, False, True]]
+    steps = torch.arange(4).repeat(4, 1)  # [N, K]: every leaf trains all four steps
+    mask = P.width_prune_mask(plan, r, trained)
+    assert mask.tolist() == [[False] * 4, [True] * 4, [False] * 4, [True] * 4]
+    # surviving edges: shared depth-1 nodes 0 and 1 at steps 0, 1 (each via one kept leaf), leaves 1 and 3 at 2, 3
+    assert P.trained_edges(plan, steps, mask, 4) == {(0, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1),
+                                                     (0, 2, 1), (0, 3, 1), (0, 2, 3), (0, 3, 3)}
+    # unpruned: 2 + 2 shared prefix edges + 4 * 2 leaf edges = 12 distinct transitions; pruned: 8
+    assert len(P.trained_edges(plan, steps, trained, 4)) == 12
+    # extremes, one per side: worst leaf 0 (r=1) and best leaf 3 (r=5); their prefixes are nodes 0 and 1
+    ext, _ = _plan("tree", num_steps=4, seeds=[1], split_steps=[0, 2], width_prune="extremes", width_keep=1)
+    assert P.width_keep_leaves(ext, r).tolist() == [[True, False, False, True]]
+    # the fraction 0.5 of G = 4 -> round(0.5 * 4 / 2) = 1 per side, the same leaves; ties keep the lower index
+    half, _ = _plan("tree", num_steps=4, seeds=[1], split_steps=[0, 2], width_prune="extremes", width_keep=0.5)
+    assert P.width_keep_leaves(half, torch.tensor([[2.0, 2.0, 2.0, 2.0]])).tolist() == [[True, False, False, True]]
+    # one whole subtree pruned: with r = [1, 5, 0, 0] extremes keeps leaf 1 (best) and leaf 2 (first worst)
+    assert P.width_keep_leaves(ext, torch.tensor([[1.0, 5.0, 0.0, 0.0]])).tolist() == [[False, True, True, False]]
+
+
+def test_width_pruning_cuts_trained_elements_not_rollout_evaluations():
+    kw = {"num_steps": T, "group_size": 8, "seeds": [3, 4], "split_steps": [0, 1, 2]}
+    full, m_full = _plan("tree", **kw)
+    pruned, m_pruned = _plan("tree", width_prune="branch_best", **kw)
+    a, b = _run(full, [3, 4], m_full), _run(pruned, [3, 4], m_pruned)
+    assert a.nfe == b.nfe == P.count_nfe(full, 2) == 2 * (1 + 2 + 4 + 8)  # every leaf still rolled out
+    torch.testing.assert_close(a.final, b.final, rtol=0, atol=0)
+    rewards = -(b.final.flatten(1) ** 2).mean(1).view(2, 8)  # [B, G] any per-leaf score
+    mask = P.width_prune_mask(pruned, rewards, m_pruned)
+    assert int(m_full.sum()) == 16 * T and int(mask.sum()) == 8 * T  # one leaf of each sibling pair survives
+    assert mask.view(2, 4, 2, T).any(-1).sum(-1).eq(1).all()  # exactly one leaf per last-split sibling set
+    full_edges = P.trained_edges(full, b.steps, m_full, 8)
+    kept_edges = P.trained_edges(pruned, b.steps, mask, 8)
+    # per prompt: steps 0, 1, 2 have 2, 4, 8 nodes; last step 8 -> kept 2 + 4 + 4 + 4 = 14 of 2 + 4 + 8 + 8 = 22
+    assert len(full_edges) == 2 * 22 and len(kept_edges) == 2 * 14 and kept_edges < full_edges
+
+
+def test_width_pruning_rejects_bad_settings():
+    with pytest.raises(ValueError, match="width_prune='best'"):
+        _plan("tree", split_steps=[0, 3], width_prune="best")
+    with pytest.raises(ValueError, match="width_keep=0"):
+        _plan("tree", split_steps=[0, 3], width_prune="extremes", width_keep=0)
+    with pytest.raises(ValueError, match="width_keep=1.5"):
+        _plan("tree", split_steps=[0, 3], width_prune="extremes", width_keep=1.5)
+    with pytest.raises(ValueError, match="needs a split"):
+        _plan("tree", group_size=4, roots=4, width_prune="branch_best")
+
+
+def test_policy_masks_pruned_leaves_when_advantages_are_computed():
+    # the trainer calls step_advantages once rewards exist; the pruned rows of rollout.mask must turn False there
+    from types import SimpleNamespace
+
+    from mmgrpo.types import Rollout
+    from pipelines.flow.policy import FlowPolicy
+
+    plan, trained = _plan("tree", num_steps=4, seeds=[1], split_steps=[0, 2], width_prune="branch_best")
+    steps = torch.arange(4).repeat(4, 1)  # [N, K]
+    ro = Rollout(samples=[None] * 4, old_logp=torch.zeros(4, 4), mask=trained.clone(), extras={"step": steps})
+    adv = FlowPolicy.step_advantages(SimpleNamespace(last_plan=plan), ro, torch.tensor([[1.0, 2.0, 3.0, 5.0]]))
+    assert ro.mask.any(1).tolist() == [False, True, False, True]
+    # the advantages themselves are unchanged by pruning (values of test_depth_advantages_on_a_tree)
+    torch.testing.assert_close(adv[:, 1], torch.tensor([-0.70711, -0.70711, 0.70711, 0.70711]), rtol=0, atol=1e-4)

@@ -28,6 +28,10 @@ class RolloutPlan:
     """[T] step kind: "ode" or an SDE kind of `pipelines.flow.sde`"""
     roots: int = 1
     branches: dict[int, int] = field(default_factory=dict)
+    width_prune: str | None = None
+    """BranchGRPO width pruning applied once rewards are known (see `width_keep_leaves`); None trains every leaf"""
+    width_keep: float = 1
+    """int >= 1: leaves kept per sibling set (branch_best) or per side (extremes); float in (0, 1): that fraction"""
 
     @property
     def num_steps(self) -> int:
@@ -260,10 +264,12 @@ def singular(*, num_steps: int, group_size: int, sde: str, iteration: int, same_
 @SCHEDULES.register("tree")
 def tree(*, num_steps: int, group_size: int, sde: str, iteration: int, same_noise: bool, seeds: list[int],
          split_steps: list[int] | None = None, fanout: int = 2, roots: int = 1,
-         prune_depths: list[int] | None = None) -> tuple[RolloutPlan, Tensor]:
+         prune_depths: list[int] | None = None, width_prune: str | None = None,
+         width_keep: float = 1) -> tuple[RolloutPlan, Tensor]:
     """BranchGRPO tree: `roots` noises per prompt, every node splits into `fanout` at each split step (arXiv:2509.06040).
 
     SDE at every step; steps at a depth listed in prune_depths are not trained (depth pruning cuts backward only).
+    width_prune (branch_best | extremes) masks whole leaves once rewards are in (`width_prune_mask`); rollouts unchanged.
     """
     n_splits = round(math.log(group_size / roots, fanout)) if group_size % roots == 0 and fanout > 1 else -1
     if n_splits < 0 or roots * fanout ** n_splits != group_size:
@@ -272,7 +278,9 @@ def tree(*, num_steps: int, group_size: int, sde: str, iteration: int, same_nois
         split_steps = [round(i * num_steps / max(1, n_splits)) for i in range(n_splits)] if n_splits else []
     if len(split_steps) != n_splits:
         raise ValueError(f"tree plan split_steps={split_steps} must list {n_splits} steps for group_size={group_size}")
-    plan = RolloutPlan(tuple([sde] * num_steps), roots=roots, branches={int(s): fanout for s in split_steps})
+    plan = RolloutPlan(tuple([sde] * num_steps), roots=roots, branches={int(s): fanout for s in split_steps},
+                       width_prune=width_prune, width_keep=width_keep)
+    _check_width(plan)
     depth = depth_of_steps(plan)
     on = [int(depth[t]) not in set(prune_depths or ()) for t in range(num_steps)]
     k = sum(on)
@@ -356,3 +364,78 @@ def depth_advantages(plan: RolloutPlan, rewards: Tensor, steps: Tensor, *, fusio
         val = a.repeat_interleave(g, 0).gather(1, node)  # [N, K]
         out = torch.where(depth == d, val, out)
     return out
+
+
+# ---- width pruning (BranchGRPO): after reward fusion, back-propagate only some leaves; the rollout is unchanged
+
+WIDTH_PRUNE = ("branch_best", "extremes")
+
+
+def _check_width(plan: RolloutPlan) -> None:
+    mode, keep = plan.width_prune, plan.width_keep
+    if mode is None:
+        return
+    if mode not in WIDTH_PRUNE:
+        raise ValueError(f"plan width_prune={mode!r} is not a width pruning rule; choose {', '.join(WIDTH_PRUNE)} "
+                         f"or leave it unset")
+    is_count = isinstance(keep, int) and not isinstance(keep, bool)
+    if not ((is_count and keep >= 1) or (isinstance(keep, float) and 0 < keep < 1)):
+        raise ValueError(f"plan width_keep={keep!r} must be a count >= 1 or a fraction in (0, 1)")
+    if mode == "branch_best" and not any(f > 1 for f in plan.branches.values()):
+        raise ValueError("plan width_prune='branch_best' needs a split (fan-out > 1); add split_steps or use extremes")
+
+
+def _keep_count(keep: float, size: float) -> int:
+    # a count is taken as given; a fraction of `size` rounds but keeps at least one
+    return int(keep) if isinstance(keep, int) else max(1, round(keep * size))
+
+
+def width_keep_leaves(plan: RolloutPlan, rewards: Tensor) -> Tensor:
+    """[B, G] bool: the leaves BranchGRPO back-propagates (arXiv:2509.06040, --width_pruning_mode 1 and 2).
+
+    branch_best: in each sibling set of the last split, its k highest-reward leaves. extremes: in each group, the k
+    lowest and the k highest rewards (k = width_keep, or round(width_keep * G / 2) for a fraction). Ties keep the
+    lower index. With width_prune None every leaf is kept.
+    Args:
+        rewards: [B, G] leaf rewards.
+    """
+    b, g = rewards.shape
+    _check_width(plan)
+    if plan.width_prune is None:
+        return torch.ones(b, g, dtype=torch.bool)
+    if plan.width_prune == "branch_best":
+        last = max(t for t, f in plan.branches.items() if f > 1)
+        sib = plan.branches[last]  # leaves sharing the parent of the last split are contiguous
+        k = min(sib, _keep_count(plan.width_keep, sib))
+        r = rewards.reshape(b * g // sib, sib)  # [B * G / f, f]
+        order = torch.sort(-r, dim=1, stable=True).indices[:, :k]  # [S, k] best first
+    else:
+        k = min(g, _keep_count(plan.width_keep, g / 2))
+        r = rewards  # [B, G]
+        asc = torch.sort(r, dim=1, stable=True).indices  # [B, G] worst first
+        order = torch.cat([asc[:, :k], asc[:, g - k:]], 1)  # [B, 2k] (overlaps when 2k > G)
+    keep = torch.zeros(r.shape, dtype=torch.bool).scatter_(1, order, True)
+    return keep.view(b, g)
+
+
+def width_prune_mask(plan: RolloutPlan, rewards: Tensor, mask: Tensor) -> Tensor:
+    """[N, K] trained mask with the rows of width-pruned leaves set False.
+
+    A shared-prefix transition stays trained in the row of every kept leaf below it, so an edge survives exactly when
+    some kept leaf descends from it; an edge whose whole subtree is pruned drops out of the loss.
+    Args:
+        rewards: [B, G] leaf rewards; mask: [N = B * G, K] bool.
+    """
+    keep = width_keep_leaves(plan, rewards).reshape(-1)  # [N]
+    if keep.shape[0] != mask.shape[0]:
+        raise ValueError(f"width pruning: rewards give {keep.shape[0]} leaves but the mask has {mask.shape[0]} rows")
+    return mask & keep.to(mask.device)[:, None]  # [N, K]
+
+
+def trained_edges(plan: RolloutPlan, steps: Tensor, mask: Tensor, group_size: int) -> set[tuple[int, int, int]]:
+    """The distinct tree transitions (prompt, step, node at that step) with a trained element; for counting work."""
+    fan = torch.tensor([plan.fanout_after(t) for t in range(plan.num_steps)])  # [T]
+    leaf = torch.arange(steps.shape[0])[:, None].expand_as(steps)  # [N, K]
+    node = (leaf % group_size) // fan[steps]  # [N, K]
+    return {(int(i) // group_size, int(t), int(c)) for i, t, c, m in
+            zip(leaf.flatten(), steps.flatten(), node.flatten(), mask.flatten()) if m}

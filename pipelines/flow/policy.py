@@ -209,9 +209,14 @@ class FlowPolicy:
         return out.logp.view(n, k)
 
     def step_advantages(self, rollout: Rollout, rewards: Tensor, *, fusion: str = "mean") -> Tensor:
-        """BranchGRPO per-depth advantages [N, K] for the last rollout's plan from leaf rewards [B, G]."""
+        """BranchGRPO per-depth advantages [N, K] for the last rollout's plan from leaf rewards [B, G].
+
+        With the plan's width_prune set, the pruned leaves' rows of rollout.mask turn False here (rewards are known
+        only now), so the loss skips them; the rollout already evaluated every leaf."""
         if self.last_plan is None:
             raise ValueError("step_advantages needs a rollout first: call rollout() before it")
+        if self.last_plan.width_prune is not None:
+            rollout.mask = plans.width_prune_mask(self.last_plan, rewards.cpu(), rollout.mask)  # [N, K]
         return plans.depth_advantages(self.last_plan, rewards, rollout.extras["step"], fusion=fusion)
 
     # ---- weights
