@@ -183,6 +183,7 @@ def update(run: Run, batch: Batch, adv: Tensor, use: Tensor, step: int) -> tuple
     n = batch.rollout.num_samples
     g, rank, world = cfg.sample.group_size, acc.process_index, acc.num_processes
     b_local = n // g
+    group_loss = "group_size" in inspect.signature(losses.POLICY_LOSSES.get(a.loss)).parameters  # needs whole groups
     for epoch in range(a.inner_epochs):
         # shuffle whole groups of the GLOBAL batch with one generator on every rank, so a mini-batch holds the
         # same samples on any rank count; whole groups because group-level losses (Reg-GRPO) need them
@@ -190,6 +191,8 @@ def update(run: Run, batch: Batch, adv: Tensor, use: Tensor, step: int) -> tuple
         for mb_groups in groups.chunk(a.num_minibatches):
             mine = mb_groups[mb_groups // b_local == rank] - rank * b_local  # this rank's groups
             mb = (mine[:, None] * g + torch.arange(g)).reshape(-1)  # [n_mb]
+            if not group_loss:  # rows with no unmasked element (filtered groups, pruned leaves) add nothing: skip
+                mb = mb[mask[mb].any(1)]
             denom = all_sum(acc, losses.denominator(mask[mb], a.aggregation, norm_len=_norm_len(run, mask)).float())
             pieces = _pieces(run, mb, mask.shape[1])
             finite = torch.tensor(1.0)

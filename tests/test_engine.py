@@ -405,3 +405,26 @@ def test_pieces_are_padded_to_the_busiest_rank(monkeypatch):
     monkeypatch.setattr(tr, "all_gather", lambda acc, t: torch.cat([t, torch.tensor([7])]))
     pieces = tr._pieces(run, torch.arange(0), k=8)  # no group of this mini-batch on this rank
     assert len(pieces) == 7 and all(scale == 0.0 and ks == slice(0, 3) for _, ks, scale in pieces)
+
+
+def test_fully_masked_rows_get_no_forward(tmp_path, monkeypatch):
+    """Rows with no unmasked element (groups the zero-variance filter drops, BranchGRPO's width-pruned leaves, empty
+    completions) add nothing to the loss: the update skips their forward/backward instead of computing zeros."""
+    real_logp, real_rollout, rows = ToyPolicy.logp, ToyPolicy.rollout, []
+
+    def logp(self, model, rollout, idx, **kw):
+        rows.append(len(idx))
+        return real_logp(self, model, rollout, idx, **kw)
+
+    def rollout(self, prompts, group_size, seeds):
+        out = real_rollout(self, prompts, group_size, seeds)
+        out.mask[::3] = False  # every third sample: an all-masked row
+        return out
+
+    monkeypatch.setattr(ToyPolicy, "logp", logp)
+    monkeypatch.setattr(ToyPolicy, "rollout", rollout)
+    n, steps = 32, 3
+    cfg = load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, f"run.steps={steps}", f"sample.batch_size={n}"])
+    train(cfg)
+    live = n - len(range(0, n, 3))  # 32 - 11 = 21 rows with an unmasked element
+    assert sum(rows) == live * cfg.algo.inner_epochs * steps
