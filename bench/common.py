@@ -219,3 +219,13 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def quiet_process(threads: int = 1, niceness: int = 10) -> None:
+    """What every benchmark script does first: few threads (the machine is shared, and ratios are steadier) and a
+    low priority, so a run disturbs other work less than other work disturbs it."""
+    import torch
+
+    torch.set_num_threads(threads)
+    if hasattr(os, "nice") and os.nice(0) < niceness:
+        os.nice(niceness - os.nice(0))

@@ -29,6 +29,7 @@ from bench.common import (
     measure_pair,
     now_utc,
     pyplot,
+    quiet_process,
     save_plot,
     summarise,
     write_section,
@@ -396,9 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=None)
     ap.add_argument("--budget", type=float, default=None, help="training seconds per arm in part (b)")
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)  # one thread: the machine is shared, and ratios are steadier
-    if hasattr(os, "nice") and os.nice(0) < 10:
-        os.nice(10 - os.nice(0))
+    quiet_process()
     quiet()
     t_start = time.perf_counter()
     width, layers = (32, 1) if args.quick else (64, 2)

@@ -20,10 +20,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch
 import yaml
 
-from bench.common import fit_slope, machine, md_table, now_utc, pyplot, save_plot, summarise, write_section
+from bench.common import (
+    fit_slope,
+    machine,
+    md_table,
+    now_utc,
+    pyplot,
+    quiet_process,
+    save_plot,
+    summarise,
+    write_section,
+)
 
 
 def sweep(fns: dict[int, Callable[[], Any]], *, rounds: int, warmup: int = 1) -> dict[int, list[float]]:
@@ -207,9 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="fewer, smaller points: a smoke run of the script")
     ap.add_argument("--rounds", type=int, default=None)
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)  # one thread: the machine is shared, and ratios are steadier
-    if hasattr(os, "nice") and os.nice(0) < 10:
-        os.nice(10 - os.nice(0))
+    quiet_process()
     from bench.flow import quiet
 
     quiet()

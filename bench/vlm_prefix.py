@@ -29,6 +29,7 @@ from bench.common import (
     measure_pair,
     now_utc,
     pyplot,
+    quiet_process,
     save_plot,
     summarise,
     write_section,
@@ -370,9 +371,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-rss", action="store_true", help="skip the fresh-process resident-memory cross-check")
     ap.add_argument("--rss-child", nargs=3, metavar=("PATH", "PREFIX", "ARM"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)  # one thread: the machine is shared, and ratios are steadier
-    if hasattr(os, "nice") and os.nice(0) < 10:
-        os.nice(10 - os.nice(0))
+    quiet_process()
     import transformers
 
     transformers.utils.logging.set_verbosity_error()

@@ -19,7 +19,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 import yaml
 
-from bench.common import fmt_ratio, machine, md_table, measure_pair, now_utc, summarise, write_section
+from bench.common import fmt_ratio, machine, md_table, measure_pair, now_utc, quiet_process, summarise, write_section
 from bench.vlm_prefix import bench_vlm, profile_step
 
 TARGETS = {"time": 2.0, "memory": 0.7}  # issue 9: mmgrpo >= 2x faster per iteration, <= 0.7x TRL's peak memory
@@ -296,9 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="smaller model and batch: a smoke run of the script")
     ap.add_argument("--repeats", type=int, default=None)
     args = ap.parse_args(argv)
-    torch.set_num_threads(1)  # one thread: the machine is shared, and ratios are steadier
-    if hasattr(os, "nice") and os.nice(0) < 10:
-        os.nice(10 - os.nice(0))
+    quiet_process()
     import transformers
     import trl
 

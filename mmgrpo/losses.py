@@ -3,6 +3,8 @@
 Pure tensor maths behind registries (POLICY_LOSSES, AGGREGATIONS, KL); nothing here knows the model or modality.
 """
 
+import inspect
+
 import torch
 from torch import Tensor
 
@@ -203,6 +205,11 @@ def reg_grpo(
         metrics = _ratio_metrics(log_ratio.clamp(max=_MAX_LOG_RATIO).exp(), log_ratio, valid)
         metrics["reg/sq_err"] = (w * sq_err).sum() / w.sum().clamp_min(1)
     return loss, metrics
+
+
+def needs_groups(name: str) -> bool:
+    """Whether policy loss `name` normalises within whole groups (takes `group_size`, e.g. Reg-GRPO)."""
+    return "group_size" in inspect.signature(POLICY_LOSSES.get(name)).parameters
 
 
 def compute(name: str, logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, **kw) -> tuple[Tensor, dict]:

@@ -87,7 +87,7 @@ def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor
         old = logp.detach()  # on-policy (one epoch, one mini-batch): no weight has moved since the rollout
     m = mask[idx][:, ks_].to(logp.device)
     kw = dict(a.loss_kwargs)
-    if "group_size" in inspect.signature(losses.POLICY_LOSSES.get(a.loss)).parameters:
+    if losses.needs_groups(a.loss):
         kw["group_size"] = run.cfg.sample.group_size
     kw.update(aux.get("loss_kwargs", {}))  # per-element inputs a pipeline's loss needs (e.g. GRPO-Guard's std)
     a_idx = adv[idx] if adv.dim() == 1 else adv[idx][:, ks_]
@@ -183,7 +183,7 @@ def update(run: Run, batch: Batch, adv: Tensor, use: Tensor, step: int) -> tuple
     n = batch.rollout.num_samples
     g, rank, world = cfg.sample.group_size, acc.process_index, acc.num_processes
     b_local = n // g
-    group_loss = "group_size" in inspect.signature(losses.POLICY_LOSSES.get(a.loss)).parameters  # needs whole groups
+    group_loss = losses.needs_groups(a.loss)
     for epoch in range(a.inner_epochs):
         # shuffle whole groups of the GLOBAL batch with one generator on every rank, so a mini-batch holds the
         # same samples on any rank count; whole groups because group-level losses (Reg-GRPO) need them

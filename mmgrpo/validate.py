@@ -4,7 +4,6 @@ Every message follows one pattern: the field, the value seen, why it is wrong, a
 """
 
 import importlib.util
-import inspect
 import os
 from pathlib import Path
 
@@ -105,7 +104,7 @@ def _validate_algo(cfg: Config) -> None:
     _check_name(losses.POLICY_LOSSES, a.loss, "algo.loss")
     _check_kwargs(losses.POLICY_LOSSES, a.loss, a.loss_kwargs, "algo.loss_kwargs",
                   skip=("logp", "old_logp", "adv", "mask", "group_size"))
-    if "group_size" in inspect.signature(losses.POLICY_LOSSES.get(a.loss)).parameters:
+    if losses.needs_groups(a.loss):
         _need(a.micro_batch_size % s.group_size == 0,
               f"algo.micro_batch_size ({a.micro_batch_size}) must be a multiple of sample.group_size "
               f"({s.group_size}) for algo.loss={a.loss!r}, which normalises within whole groups")
