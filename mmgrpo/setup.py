@@ -66,10 +66,13 @@ class Run:
             kl = metrics.get("kl/ref", metrics.get("kl/old_approx", float("nan")))  # without a reference: to old
             self.bar.set_postfix(reward=f"{metrics.get('reward/total_mean', float('nan')):.3f}", kl=f"{kl:.4f}")
 
-    def close(self) -> None:
+    def close(self, together: bool = False) -> None:
+        """Stop trackers and tear down the process group; `together` when every rank got here together."""
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+        if together:  # a rank that destroys its group while another still talks to it aborts that rank (gloo)
+            self.accelerator.wait_for_everyone()
         self.accelerator.end_training()
 
     def finish_report(self) -> None:

@@ -300,7 +300,7 @@ def _learn_phase(run: Run, batch: Batch, step: int) -> tuple[dict[str, float], s
 def train(cfg: Config) -> dict[str, Any]:
     """Run GRPO-style training as configured; returns the last step's metrics and the run directory."""
     run = setup(cfg)
-    stop, last_metrics = StopFlag().install(), {}
+    stop, last_metrics, finished = StopFlag().install(), {}, False
     try:
         for step in range(run.start_step, cfg.run.steps):
             t0 = time.perf_counter()
@@ -339,11 +339,12 @@ def train(cfg: Config) -> dict[str, Any]:
                 break
         else:
             save_checkpoint(run, cfg.run.steps)
+        finished = True
     except TrainingStopped:
         run.finish_report()  # curves and samples up to the stop, for the post-mortem
         raise
     finally:
         stop.restore()
-        run.close()
+        run.close(together=finished)
     run.finish_report()
     return {"run_dir": str(run.run_dir), "metrics": last_metrics}

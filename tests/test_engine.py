@@ -249,6 +249,7 @@ sharded = type(b[0].weight).__name__
 if rank == 0:
     keys = sorted(saved["optimizer"]["state"])
     print(f"RESULT sharded={sharded} diff={diff:.3e} ema_diff={ema_diff:.3e} keys={keys}")
+dist.barrier()  # without it a rank may tear down gloo while the other is still in it: 'terminate called' (2 in 20)
 dist.destroy_process_group()
 '''
 
