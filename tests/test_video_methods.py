@@ -154,6 +154,28 @@ def test_ground_truth_text_parses_back_to_the_span():
         vm.ground_truth_text({"id": "x"})
 
 
+def test_default_span_template_is_the_prompt_and_sft_format():
+    from pipelines.shapes.pretrain_vlm import GROUNDING_TEMPLATE
+    from pipelines.video.data import TASK_HINTS
+
+    assert vm.SPAN_TEMPLATE == GROUNDING_TEMPLATE  # what assets/shapes-video was fine-tuned to answer
+    think, answer = vm.SPAN_TEMPLATE.split("</think>")
+    assert think.startswith("<think>")
+    # the prompt's own instruction for grounding answers
+    assert answer.replace("{start:.2f}", "start").replace("{end:.2f}", "end") in TASK_HINTS["grounding"]
+    custom = vm.ground_truth_text({"spans": [1, 2.5]}, span_template="<answer>{start:.1f} to {end:.1f}</answer>")
+    assert custom == "<answer>1.0 to 2.5</answer>"
+
+
+@pytest.mark.parametrize("template", ["<answer>{start}</answer>", "{start} {end} {answer}", "{start:.2f} to {end",
+                                      "{0} to {1}", "{start:d} to {end}"])
+def test_bad_span_templates_are_named(template):
+    with pytest.raises(ValueError, match=r"span_template .* must use the fields \{start\}, \{end\}"):
+        vm.check_template("span_template", template)
+    vm.check_template("span_template", vm.SPAN_TEMPLATE)
+    vm.check_template("answer_template", vm.ANSWER_TEMPLATE)
+
+
 def test_shuffle_order_is_a_non_identity_permutation():
     for seed in range(50):
         p = vm.shuffle_order(4, seed)

@@ -16,6 +16,9 @@ from pipelines.video.build import build_video
 from pipelines.video.data import jsonl_records
 
 SMALL = {"train_size": 3, "eval_size": 1, "num_frames": 4, "max_new_tokens": 6}
+INJECT = {**SMALL, "inject_ground_truth": True, "gt_span_template": "<answer>{start:.1f} to {end:.1f}</answer>",
+          "max_new_tokens": 12}
+"""a ground truth of 12 byte-level tokens (<answer>, "2.5 to 3.8", </answer>), so it fits max_new_tokens=12"""
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +29,7 @@ def cache(tmp_path_factory):
 @pytest.fixture(scope="module")
 def task25(cache):
     return build_video(seed=0, device=torch.device("cpu"), model="tiny-random-qwen2.5-vl", cache_dir=cache,
-                       inject_ground_truth=True, temporal="logp_gap", **SMALL)
+                       temporal="logp_gap", **INJECT)
 
 
 def test_processor_outputs_and_second_per_grid_ts(task25):
@@ -43,8 +46,7 @@ def test_ratio_is_one_before_the_first_update_and_gt_old_logp(task25):
     pol, mod = task25.policy, task25.module
     r = pol.rollout(task25.train_data[:2], 4, [11, 12])
     assert r.extras["injected"].tolist() == [False, False, False, True] * 2
-    assert r.samples[3].endswith(f"<answer>{task25.train_data[0]['spans'][0]:.2f} to "
-                                 f"{task25.train_data[0]['spans'][1]:.2f}</answer>")
+    assert r.samples[3] == f"<answer>{task25.train_data[0]['spans'][0]:.1f} to {task25.train_data[0]['spans'][1]:.1f}</answer>"
     for shared in (True, False):
         mod.shared = shared
         logp, _ = pol.logp(mod, r, torch.arange(8))
@@ -121,10 +123,32 @@ def test_builder_errors(cache):
         build_video(seed=0, device=torch.device("cpu"), cache_dir=cache, frame_mode="tokens", **SMALL)
 
 
+def test_injected_ground_truth_must_fit_max_new_tokens(cache):
+    # the default template "<think>Find the event.</think><answer>2.50 to 3.75</answer>" is 31 byte-level tokens:
+    # <think> 1 + "Find the event." 15 + </think> 1 + <answer> 1 + "2.50 to 3.75" 12 + </answer> 1 (ends at the stop
+    # string, so no EOS is appended); sampled answers stop at 30 tokens, so the injected one could never be produced
+    kw = {**INJECT, "gt_span_template": None}
+    with pytest.raises(UserError, match=r"max_new_tokens \(30\) is shorter than the injected ground truth \(31 tokens"
+                                        r".*raise max_new_tokens to >= 31 or shorten pipeline.kwargs.gt_span_template"):
+        build_video(seed=0, device=torch.device("cpu"), cache_dir=cache, **{**kw, "max_new_tokens": 30})
+    task = build_video(seed=0, device=torch.device("cpu"), cache_dir=cache, **{**kw, "max_new_tokens": 31})
+    assert [task.policy._ground_truth(r).shape[1] for r in task.train_data] == [31] * 3
+    # without injection the same budget is fine (nothing is injected)
+    build_video(seed=0, device=torch.device("cpu"), cache_dir=cache, **{**kw, "inject_ground_truth": False,
+                                                                        "max_new_tokens": 6})
+
+
+def test_bad_ground_truth_template_is_a_user_error(cache):
+    with pytest.raises(UserError, match=r"pipeline.kwargs.gt_span_template .*\{start\}, \{end\}"):
+        build_video(seed=0, device=torch.device("cpu"), cache_dir=cache, **{**INJECT, "gt_span_template": "{start}"})
+    with pytest.raises(UserError, match=r"pipeline.kwargs.gt_answer_template"):
+        build_video(seed=0, device=torch.device("cpu"), cache_dir=cache, **{**INJECT, "gt_answer_template": "{x}"})
+
+
 def test_evaluation_rollouts_inject_no_ground_truth(cache):
     """`mmgrpo eval` calls for_evaluation(): every member is sampled (an injected answer would score as the model's)."""
     task = build_video(seed=0, device=torch.device("cpu"), model="tiny-random-qwen2.5-vl", cache_dir=cache,
-                       inject_ground_truth=True, temporal="logp_gap", **SMALL)
+                       temporal="logp_gap", **INJECT)
     pol = task.policy
     first = pol.rollout(task.train_data[:1], 3, [5])
     assert first.extras["injected"].tolist() == [False, False, True]

@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "configs" / "video").glob("*.yaml"))
 LETTERS = "{name: video_test_letters, weight: 1.0}"
 IOU = "{name: temporal_iou, weight: 1.0}"
+SHORT_GT = "<answer>{start:.0f} to {end:.0f}</answer>"
+"""8 byte-level tokens (<answer>, "2 to 4", </answer>): TempSamp's injected answer fits max_new_tokens=8"""
 
 
 def _letters(samples, prompts=None):
@@ -45,7 +47,8 @@ def _tiny(cache: str, out: Path, model: str = "tiny-random-qwen2-vl") -> list[st
             "pipeline.kwargs.eval_data=null", "pipeline.kwargs.train_size=4", "pipeline.kwargs.eval_size=1",
             "pipeline.kwargs.model_dtype=null", "pipeline.kwargs.min_pixels=null", "pipeline.kwargs.max_pixels=null",
             "pipeline.kwargs.frame_mode=count", "pipeline.kwargs.num_frames=4", f"pipeline.kwargs.frame_cache={out}/fc",
-            "pipeline.kwargs.max_new_tokens=8", "sample.batch_size=8", "sample.group_size=4",
+            "pipeline.kwargs.max_new_tokens=8", f"pipeline.kwargs.gt_span_template='{SHORT_GT}'", "sample.batch_size=8",
+            "sample.group_size=4",
             "algo.micro_batch_size=4", "algo.num_minibatches=1", "optim.warmup_steps=0",
             f"rewards=[{LETTERS}, {IOU}]"]
 

@@ -31,6 +31,27 @@ def _check_video(**kw: Any) -> None:
                         f"num_frames={kw['num_frames']}, min_frames={kw['min_frames']}, max_frames={kw['max_frames']}")
     if kw["augment_noise"] < 0:
         raise UserError(f"pipeline.kwargs.augment_noise ({kw['augment_noise']}) must be >= 0 (pixel std, 0-255)")
+    from pipelines.video.methods import check_template
+
+    for name in ("span_template", "answer_template"):
+        if kw[name] is not None:
+            try:
+                check_template(name, kw[name])
+            except ValueError as err:
+                raise UserError(f"pipeline.kwargs.gt_{err}") from None
+
+
+def _check_injected_length(policy: Any, records: list[dict[str, Any]], max_new_tokens: int) -> None:
+    """TempSamp's injected answer must be a completion the policy could sample: no longer than max_new_tokens."""
+    from pipelines.video.methods import ground_truth_text
+
+    longest, rec = max(((policy._ground_truth(r).shape[1], r) for r in records), key=lambda x: x[0])
+    if longest > max_new_tokens:
+        text = ground_truth_text(rec, span_template=policy.m.span_template, answer_template=policy.m.answer_template)
+        raise UserError(f"pipeline.kwargs.max_new_tokens ({max_new_tokens}) is shorter than the injected ground truth "
+                        f"({longest} tokens for record {rec.get('id')!r}: {text!r}); sampled answers stop at "
+                        f"{max_new_tokens} tokens, so raise max_new_tokens to >= {longest} or shorten "
+                        f"pipeline.kwargs.gt_span_template / gt_answer_template")
 
 
 def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.float32,
@@ -66,7 +87,8 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
            model_dtype=model_dtype)
     _check_video(temporal=temporal, temporal_samples=temporal_samples, frame_mode=frame_mode,
                  frame_strategy=frame_strategy, video_backend=video_backend, num_frames=num_frames,
-                 min_frames=min_frames, max_frames=max_frames, augment_noise=augment_noise)
+                 min_frames=min_frames, max_frames=max_frames, augment_noise=augment_noise,
+                 span_template=gt_span_template, answer_template=gt_answer_template)
     common = {"seed": seed, "shapes_types": shapes_types, "shapes_frames": shapes_frames,
               "shapes_resolution": shapes_resolution, "skip_bad_videos": skip_bad_videos,
               "time_prompt": time_prompt, "cache_dir": cache_dir}
@@ -102,6 +124,8 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
                              reference=reference, care=care, check_logp=check_logp)
     except ValueError as err:
         raise UserError(f"pipeline.kwargs: {err}") from None
+    if inject_ground_truth:
+        _check_injected_length(policy, train, max_new_tokens)
     rewards = [{"name": "format", "weight": 0.1, "kwargs": {"mode": "lenient"}},
                {"name": "video_task", "weight": 1.0, "kwargs": {}}]
     return Task(policy=policy, module=module, train_data=train, eval_data=evals, rewards=rewards)

@@ -8,9 +8,13 @@ from typing import Any
 
 import numpy as np
 
-SPAN_TEMPLATE = ("<think>The event happens from {start:.2f} to {end:.2f} seconds.</think>"
-                 "<answer>{start:.2f} to {end:.2f}</answer>")
-ANSWER_TEMPLATE = "<think>The answer is {answer}.</think><answer>{answer}</answer>"
+SPAN_TEMPLATE = "<think>Find the event.</think><answer>{start:.2f} to {end:.2f}</answer>"
+"""the format the grounding prompt asks for (a short think, then `<answer>start to end</answer>`) and the one the
+shipped assets/shapes-video model was fine-tuned on (pipelines/shapes/pretrain_vlm.py GROUNDING_TEMPLATE): an injected
+answer in another format is off-distribution for the policy. 31 byte-level tokens, so it fits max_new_tokens=32."""
+ANSWER_TEMPLATE = "<think>Find the answer.</think><answer>{answer}</answer>"
+TEMPLATE_FIELDS = {"span_template": ("start", "end"), "answer_template": ("answer",)}
+"""the fields each template may use (str.format names)"""
 
 
 def ground_truth_text(record: dict[str, Any], *, span_template: str = SPAN_TEMPLATE,
@@ -22,6 +26,22 @@ def ground_truth_text(record: dict[str, Any], *, span_template: str = SPAN_TEMPL
     if record.get("answers") is not None:
         return answer_template.format(answer=record["answers"])
     raise ValueError(f"record {record.get('id')!r} has neither spans nor answers: nothing to inject as ground truth")
+
+
+def check_template(name: str, template: str) -> None:
+    """Raise ValueError unless `template` names each of its fields (TEMPLATE_FIELDS[name]) and no other."""
+    import string
+
+    fields = TEMPLATE_FIELDS[name]
+    example = SPAN_TEMPLATE if name == "span_template" else ANSWER_TEMPLATE
+    try:
+        used = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
+        template.format(**{f: "A" if f == "answer" else 1.0 for f in fields})
+    except (KeyError, IndexError, ValueError) as err:
+        used = {f"<{type(err).__name__}: {err}>"}
+    if used != set(fields):
+        raise ValueError(f"{name} ({template!r}) must use the fields {{{'}, {'.join(fields)}}} and no other "
+                         f"(found {sorted(used)}), e.g. {example!r}")
 
 
 def shuffle_order(num_frames: int, seed: int) -> np.ndarray:
