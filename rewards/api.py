@@ -14,7 +14,8 @@ from mmgrpo.registry import Registry
 
 REWARDS = Registry("reward")
 KINDS = ("pointwise", "groupwise")
-INPUTS = ("image", "video", "text")
+INPUTS = ("image", "video", "text", "latent")
+"""latent: the generator's raw final latents ([C, h, w] per image, [C, f, h, w] per video): no VAE decode needed"""
 
 
 class RewardError(Exception):
@@ -35,7 +36,7 @@ class Reward:
     With `differentiable=True` (CLIP-family rewards) the scores stay on the model device with their autograd graph.
 
     Attributes:
-        name: registry name.  kind: "pointwise" | "groupwise".  input: "image" | "video" | "text".
+        name: registry name.  kind: "pointwise" | "groupwise".  input: "image" | "video" | "text" | "latent".
         preprocess: one line saying resolution, normalisation and output scale.
         fields: ground-truth fields this reward reads (e.g. ("answers",)); required ones are in `required`.
     """

@@ -39,6 +39,8 @@ def _overrides(cfg, out: Path) -> list[str]:
         plan_kw.update(window_size=2, window_every=1)
     if kw.get("plan") == "fast":
         plan_kw["branch_range"] = [0, 2]
+    if kw.get("plan") == "singular":  # 4 tiny steps: branch inside them, keep the recipe's granularities
+        plan_kw["branch_steps"] = [0, 1]
     plan_kw_yaml = "{" + ", ".join(f"{k}: {v}" for k, v in plan_kw.items()) + "}"
     return [f"run.output_dir={out}", "run.steps=2", "run.progress=false", "run.report=false", "run.resume=never",
             "run.mixed_precision=no", "run.device=cpu", "run.checkpoint_every=0", "optim.ema_decay=0.0",

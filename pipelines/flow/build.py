@@ -132,6 +132,19 @@ def _check_guard(objective: str, ratio_norm: bool, step_weights: str) -> None:
                         f"objective grpo with algo.loss guard_clipped; DiffusionNFT has no ratio, unset them")
 
 
+def _reward_inputs(reward_inputs: list[str] | str | None) -> list[str] | None:
+    """The reward input kinds as a checked list (a single kind may be given as a string)."""
+    from rewards.api import INPUTS
+
+    if reward_inputs is None:
+        return None
+    kinds = [reward_inputs] if isinstance(reward_inputs, str) else list(reward_inputs)
+    if not kinds or any(k not in INPUTS for k in kinds) or ("latent" in kinds and len(set(kinds)) > 1):
+        raise UserError(f"pipeline.kwargs.reward_inputs ({reward_inputs!r}) must list kinds from {', '.join(INPUTS)}, "
+                        f"either only latent (rollouts skip the VAE) or only pixel kinds; e.g. [latent] or [image]")
+    return kinds
+
+
 def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.float32, model: str = "",
                model_type: str | None = None, data: str | None = None, prompts: list | None = None,
                eval_data: str | None = None, eval_prompts: list | None = None, resolution: int | list[int] = 512,
@@ -142,8 +155,12 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
                lora_alpha: float | None = None, lora_targets: list[str] | None = None, reference: bool = True,
                k_chunk: int | None = None, torch_dtype: str | None = None, gradient_checkpointing: bool = False,
                decode_batch_size: int = 8, objective: str = "grpo", nft_steps: int = 2, ratio_norm: bool = False,
-               step_weights: str = "none") -> Task:
-    """GRPO on a diffusers flow model (SD3/SD3.5, FLUX.1, Wan 2.1): SDE rollouts, exact log-probs, LoRA or full FT."""
+               step_weights: str = "none", reward_inputs: list[str] | str | None = None) -> Task:
+    """GRPO on a diffusers flow model (SD3/SD3.5, FLUX.1, Wan 2.1): SDE rollouts, exact log-probs, LoRA or full FT.
+
+    reward_inputs: the input kinds of the configured rewards (rewards.api INPUTS); ["latent"] skips the VAE in
+    rollouts (samples are the final latents). None decodes to pixels unless the engine reports the rewards' inputs
+    through policy.set_reward_inputs."""
     from pipelines.flow import plan as plans
     from pipelines.flow import sde as sde_mod
     from pipelines.flow.models import MODEL_TYPES, adapter_for, model_type_of, num_params
@@ -161,6 +178,7 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
                         f"clipped) or nft (DiffusionNFT, algo.loss nft), and nft_steps ({nft_steps}) in 1..num_steps "
                         f"({num_steps})")
     _check_guard(objective, ratio_norm, step_weights)
+    reward_inputs = _reward_inputs(reward_inputs)
     if torch_dtype is not None and torch_dtype not in _DTYPES:
         raise UserError(f"pipeline.kwargs.torch_dtype ({torch_dtype!r}) must be one of {sorted(_DTYPES)} or null")
     train = _records(data, prompts, "training prompts")
@@ -194,7 +212,7 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
                         plan=plan, plan_kwargs=plan_kwargs or {}, same_noise=same_noise_per_group,
                         lora=lora_rank > 0, reference=reference, k_chunk=k_chunk, seed=seed,
                         decode_batch_size=decode_batch_size, objective=objective, nft_steps=nft_steps,
-                        ratio_norm=ratio_norm, step_weights=step_weights)
+                        ratio_norm=ratio_norm, step_weights=step_weights, reward_inputs=reward_inputs)
     policy.num_params = {"transformer": num_params(transformer), "trainable": num_params(transformer, True)}
     return Task(policy=policy, module=transformer, train_data=train,
                 eval_data=_records(eval_data, eval_prompts, "evaluation prompts"))

@@ -1,8 +1,10 @@
 """Rollout plans for flow models: where groups branch, the fan-out, ODE or SDE per step, and which steps are trained.
 
-One executor covers independent groups, same-noise groups, BranchGRPO trees and singular-step (G2RPO / Fast) groups.
+One executor covers independent groups, same-noise groups, BranchGRPO trees and singular-step (G2RPO / Fast) groups,
+the latter optionally completed at several ODE granularities (G2RPO's multi-granularity advantage integration).
 """
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -11,6 +13,13 @@ import torch
 from torch import Tensor
 
 from mmgrpo.registry import Registry
+from pipelines.flow.granular import (  # noqa: F401
+    complete_granularities,
+    completion_indices,
+    credited_leaves,
+    granular_advantages,
+    granular_step_advantages,
+)
 
 SCHEDULES = Registry("flow step schedule")
 """name -> fn(num_steps, *, iteration, **kw) -> (sde_steps [T] bool, trained [T] bool); see `step_schedule`."""
@@ -21,7 +30,9 @@ class RolloutPlan:
     """The shape of one prompt's rollout tree; every prompt of a batch shares it.
 
     `roots` initial noises per prompt; before step t in `branches` every live node splits into `branches[t]`
-    children that share x_t (one model call) and differ by their own SDE noise at t. Leaves = roots * prod(fan-outs).
+    children that share x_t (one model call) and differ by their own SDE noise at t. Each resulting member then
+    finishes once per entry of `granularities`: leaves = roots * prod(fan-outs) * len(granularities), the
+    granularity leaves of a member contiguous (leaf = member * M + j).
     """
 
     kinds: tuple[str, ...]
@@ -32,18 +43,37 @@ class RolloutPlan:
     """BranchGRPO width pruning applied once rewards are known (see `width_keep_leaves`); None trains every leaf"""
     width_keep: float = 1
     """int >= 1: leaves kept per sibling set (branch_best) or per side (extremes); float in (0, 1): that fraction"""
+    granularities: tuple[int, ...] = (1,)
+    """G2RPO: ODE completion strides after the last SDE step (see `completion_indices`); (1,) = every step"""
 
     @property
     def num_steps(self) -> int:
         return len(self.kinds)
 
     @property
-    def group_size(self) -> int:
+    def members(self) -> int:
+        """Distinct SDE paths per prompt: roots * prod(fan-outs)."""
         return self.roots * math.prod(self.branches.values())
+
+    @property
+    def group_size(self) -> int:
+        return self.members * len(self.granularities)
+
+    @property
+    def coarse(self) -> bool:
+        """True when the tail after the last SDE step runs the granularity completion instead of every step."""
+        return tuple(self.granularities) != (1,)
+
+    @property
+    def split_step(self) -> int | None:
+        """The last SDE step (None when every step is ODE); the granularity completions start after it."""
+        sde_steps = [t for t, k in enumerate(self.kinds) if k != "ode"]
+        return sde_steps[-1] if sde_steps else None
 
     def fanout_after(self, t: int) -> int:
         """How many leaves each node alive at step t (after its split) ends up with."""
-        return math.prod(f for s, f in self.branches.items() if s > t)
+        m = len(self.granularities) if self.coarse and t <= self.split_step else 1
+        return math.prod(f for s, f in self.branches.items() if s > t) * m
 
     def check(self) -> None:
         """Raise ValueError if a branch point is out of range, has fan-out < 1 or is deterministic."""
@@ -55,6 +85,22 @@ class RolloutPlan:
             if f > 1 and self.kinds[t] == "ode":
                 raise ValueError(f"plan branches at step {t} with fan-out {f}, but step {t} is ODE, so every child "
                                  f"would be identical; make step {t} an SDE step")
+        self._check_granularities()
+
+    def _check_granularities(self) -> None:
+        g = tuple(self.granularities)
+        if not g or len(set(g)) != len(g) or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in g):
+            raise ValueError(f"plan granularities={list(g)} must be distinct integer ODE strides >= 1, e.g. [1, 2]")
+        if not self.coarse:
+            return
+        t = self.split_step
+        if t is None or t == self.num_steps - 1:
+            where = "no step is SDE" if t is None else f"the last SDE step is the last step ({t})"
+            raise ValueError(f"plan granularities={list(g)} complete with ODE after the last SDE step, but {where}: "
+                             f"nothing is left to complete; the tail after the SDE step(s) must be ODE")
+        if self.width_prune is not None:
+            raise ValueError(f"plan width_prune={self.width_prune!r} prunes tree leaves; it does not combine with "
+                             f"granularities={list(g)}, unset one of them")
 
 
 @dataclass
@@ -121,9 +167,13 @@ def execute(plan: RolloutPlan, *, seeds: list[int], shape: tuple[int, ...], sigm
     key = torch.arange(plan.roots).repeat(b)  # [M]
     x = torch.stack([torch.randn(shape, generator=gen) for gen in _generators(seeds, prompt, key, -1)])
     x = x.to(device=device, dtype=dtype)  # [M, ...]
+    stop = plan.split_step + 1 if plan.coarse else t_total  # granularities: the tail runs in _complete
+    if plan.coarse and trained[:, stop:].any():
+        raise ValueError(f"plan granularities={list(plan.granularities)}: only steps up to the split step "
+                         f"{stop - 1} can train; the ODE tail differs per granularity and carries no log-prob")
     keep: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
     nfe = 0
-    for t in range(t_total):
+    for t in range(stop):
         sig = sigmas[t].expand(len(x)).to(device)  # [M]
         v = velocity(x, sig, prompt.to(device))  # [M, ...]
         nfe += len(x)
@@ -139,6 +189,9 @@ def execute(plan: RolloutPlan, *, seeds: list[int], shape: tuple[int, ...], sigm
         if trained[:, t].any():
             keep[t] = (x, out.prev_sample, out.logp, out.mean if keep_mean else None)
         x = out.prev_sample
+    if plan.coarse:
+        x, calls = complete_granularities(plan, x, prompt, sigmas, velocity, step, noise_level, device)
+        nfe += calls
     x_t, x_next, steps, logp, mean = _gather(plan, keep, x, trained, k)
     return PlanResult(final=x, x_t=x_t, x_next=x_next, steps=steps, logp=logp, nfe=nfe,
                       mean=mean if keep_mean else None)
@@ -170,11 +223,15 @@ def _gather(plan: RolloutPlan, keep: dict, final: Tensor, trained: Tensor, k: in
 
 
 def count_nfe(plan: RolloutPlan, b: int) -> int:
-    """Model evaluations of a plan for b prompts: nodes alive before each step's split."""
+    """Model evaluations of a plan for b prompts: nodes alive before each step's split; with granularities, one
+    shared call per member where the completions start, then one per leaf per further completion step."""
     alive, total = b * plan.roots, 0
-    for t in range(plan.num_steps):
+    stop = plan.split_step + 1 if plan.coarse else plan.num_steps
+    for t in range(stop):
         total += alive
         alive *= plan.branches.get(t, 1)
+    if plan.coarse:  # a path of L sigma indices takes L - 1 steps, the first on the shared velocity
+        total += alive * (1 + sum(len(completion_indices(stop, plan.num_steps, s)) - 2 for s in plan.granularities))
     return total
 
 
@@ -249,16 +306,29 @@ def fast(*, num_steps: int, group_size: int, sde: str, iteration: int, same_nois
 
 @SCHEDULES.register("singular")
 def singular(*, num_steps: int, group_size: int, sde: str, iteration: int, same_noise: bool, seeds: list[int],
-             branch_steps: list[int] | None = None) -> tuple[RolloutPlan, Tensor]:
+             branch_steps: list[int] | None = None,
+             granularities: list[int] | None = None) -> tuple[RolloutPlan, Tensor]:
     """G2RPO singular stochastic sampling: one SDE step per group off a shared ODE trajectory (arXiv:2510.01982).
 
-    The SDE step cycles through branch_steps (default the first half of the steps), one per iteration.
+    The SDE step cycles through branch_steps (default the first half of the steps), one per iteration. With
+    granularities [s_1, ..., s_M] each of the group_size / M members finishes with an ODE of every stride s_j
+    (group_size counts the leaves); `granular_advantages` then sums their group-normalised rewards.
     """
     steps = list(branch_steps) if branch_steps is not None else list(range(max(1, num_steps // 2)))
     if not steps or not all(0 <= s < num_steps for s in steps):
         raise ValueError(f"singular plan branch_steps={steps} must be non-empty steps in [0, {num_steps})")
-    return fast(num_steps=num_steps, group_size=group_size, sde=sde, iteration=0, same_noise=True, seeds=seeds,
-                sde_steps=1, branch_range=(steps[iteration % len(steps)],) * 2)
+    if granularities is not None and not isinstance(granularities, list | tuple):
+        raise ValueError(
+            f"singular plan granularities={granularities!r} must be a list of ODE strides, e.g. [1, 2]")
+    grans = tuple(granularities) if granularities is not None else (1,)
+    if not grans or group_size % len(grans):
+        raise ValueError(f"singular plan: sample.group_size={group_size} must be divisible by len(granularities)="
+                         f"{len(grans)} ({list(grans)}); group_size counts leaves = members x granularities")
+    plan, trained = fast(num_steps=num_steps, group_size=group_size // len(grans), sde=sde, iteration=0,
+                         same_noise=True, seeds=seeds, sde_steps=1, branch_range=(steps[iteration % len(steps)],) * 2)
+    plan = dataclasses.replace(plan, granularities=grans)
+    plan.check()
+    return plan, trained[:1].repeat(len(seeds) * group_size, 1)
 
 
 @SCHEDULES.register("tree")

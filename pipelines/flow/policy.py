@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from mmgrpo.types import Rollout
 from pipelines.flow import plan as plans
 from pipelines.flow import sde
-from pipelines.flow.models import FlowModel
+from pipelines.flow.models import FlowModel, FluxModel
 
 
 class FlowPolicy:
@@ -23,19 +23,22 @@ class FlowPolicy:
     Attributes read by the trainer: `k_chunk` (trained steps per backward; None = all K at once) and
     `per_element_metrics` (per step: ratio/k<j> mean, /std, /clip_upper, /clip_lower). With `ratio_norm` or
     `step_weights`, logp() returns aux["loss_kwargs"] (std, mean_sq_dist, weight [n, k]) for algo.loss guard_clipped.
+    Samples are pixels for the rewards, or the final latents when no reward needs pixels (`set_reward_inputs`).
     """
 
     per_element_metrics = True
 
     @property
     def wants_step_advantages(self) -> bool:
-        """Tree plans credit each shared transition with its subtree's reward (BranchGRPO), not the leaf's."""
-        return self.plan_name == "tree"
+        """Tree plans credit each shared transition with its subtree's reward (BranchGRPO), not the leaf's; G2RPO's
+        granularities credit a member's SDE step with the sum over its completions."""
+        return self.plan_name == "tree" or len(self.plan_kwargs.get("granularities") or (1,)) > 1
 
     def __init__(self, pipe: Any, model: FlowModel, *, num_steps: int, sde_kind: str, noise_level: float,
                  reduce: str, plan: str, plan_kwargs: dict, same_noise: bool, lora: bool, reference: bool,
                  k_chunk: int | None, seed: int, decode_batch_size: int, objective: str = "grpo",
-                 nft_steps: int = 2, ratio_norm: bool = False, step_weights: str = "none"):
+                 nft_steps: int = 2, ratio_norm: bool = False, step_weights: str = "none",
+                 reward_inputs: Iterable[str] | None = None):
         self.pipe, self.model, self.transformer = pipe, model, pipe.transformer
         self.objective, self.nft_steps = objective, nft_steps
         self.ratio_norm, self.step_weights = ratio_norm, step_weights
@@ -50,6 +53,20 @@ class FlowPolicy:
         self.use_reference = reference
         self.iteration, self._iteration_fixed = 0, False
         self.last_plan: plans.RolloutPlan | None = None
+        self.decode_samples = True
+        if reward_inputs is not None:
+            self.set_reward_inputs(reward_inputs)
+
+    def set_reward_inputs(self, inputs: Iterable[str]) -> None:
+        """The input kinds of the configured rewards: when every one is "latent", rollouts skip the VAE and return
+        the final latents as samples ([C, h, w] per image, FLUX unpacked; [C, f, h, w] for video), on the model's
+        device in its dtype; the gallery decodes only what it shows."""
+        inputs = set(inputs)
+        if "latent" in inputs and len(inputs) > 1:
+            raise ValueError(f"rewards read {sorted(inputs)}: every reward gets the same samples, so latent rewards "
+                             f"cannot be mixed with pixel ones; wrap the latent model in a reward that decodes, or "
+                             f"use only latent rewards")
+        self.decode_samples = inputs != {"latent"}
 
     def set_iteration(self, iteration: int) -> None:
         """Tell the policy the training step (moves MixGRPO windows, picks Fast branch points); else it counts calls."""
@@ -84,7 +101,10 @@ class FlowPolicy:
         sig, sig_next = self.sigmas[res.steps], self.sigmas[res.steps + 1]  # [N, K]
         std = sde.step_std(self.sde_kind, sig.reshape(-1), sig_next.reshape(-1), noise_level=self.noise_level)
         mask = (std > 0).view(n, -1) if res.steps.numel() else torch.zeros(n, 0, dtype=torch.bool)  # [N, K]
-        samples = self.model.decode(res.final, self.decode_batch_size)
+        if plan.coarse:  # the M granularity leaves of a member share its transitions: only j = 0 trains them
+            mask = mask & plans.credited_leaves(plan, n)[:, None]
+        samples = self.model.decode(res.final, self.decode_batch_size) if self.decode_samples else \
+            self._latent_samples(res.final)
         per_sample = {f"cond_{k}": v.repeat_interleave(group_size, 0) for k, v in cond.items()}
         if self.objective == "nft":
             return self._nft_rollout(res.final, samples, per_sample, group_size, list(seeds), res.nfe)
@@ -209,12 +229,15 @@ class FlowPolicy:
         return out.logp.view(n, k)
 
     def step_advantages(self, rollout: Rollout, rewards: Tensor, *, fusion: str = "mean") -> Tensor:
-        """BranchGRPO per-depth advantages [N, K] for the last rollout's plan from leaf rewards [B, G].
+        """BranchGRPO per-depth advantages [N, K] for the last rollout's plan from leaf rewards [B, G]; with
+        granularities, G2RPO's summed per-granularity advantage of each member on its leaves' rows.
 
         With the plan's width_prune set, the pruned leaves' rows of rollout.mask turn False here (rewards are known
         only now), so the loss skips them; the rollout already evaluated every leaf."""
         if self.last_plan is None:
             raise ValueError("step_advantages needs a rollout first: call rollout() before it")
+        if self.last_plan.coarse:
+            return plans.granular_step_advantages(self.last_plan, rewards, rollout.extras["step"].shape[1])
         if self.last_plan.width_prune is not None:
             rollout.mask = plans.width_prune_mask(self.last_plan, rewards.cpu(), rollout.mask)  # [N, K]
         return plans.depth_advantages(self.last_plan, rewards, rollout.extras["step"], fusion=fusion)
@@ -263,11 +286,27 @@ class FlowPolicy:
         if self.lora and hasattr(type(self.pipe), "save_lora_weights"):
             self.save_lora(str(directory))
 
+    def _latent_samples(self, x: Tensor) -> list[Tensor]:
+        """Final latents [N, ...] as reward samples; FLUX's packed [h*w/4, 4C] tokens become [C, h, w]."""
+        if isinstance(self.model, FluxModel):
+            x = self.pipe._unpack_latents(x, self.model.height, self.model.width, self.pipe.vae_scale_factor)
+        return list(x.unbind(0))
+
+    def _pixels(self, samples: list[Tensor]) -> list[Tensor]:
+        """Decode latent samples (as `_latent_samples` returns them) to images / videos in [0, 1] on the CPU."""
+        x = torch.stack(samples)  # [n, ...]
+        if isinstance(self.model, FluxModel):
+            x = self.pipe._pack_latents(x, *x.shape)  # [n, h*w/4, 4C]
+        return self.model.decode(x, self.decode_batch_size)
+
     def gallery(self, rollout: Rollout, prompts: list[dict[str, Any]], rewards: Tensor) -> list[dict[str, Any]]:
-        """The first two groups: image (or frames) with prompt and reward."""
+        """The first two groups: image (or frames) with prompt and reward (decoded here when samples are latents)."""
         g = len(rollout.samples) // len(prompts)
+        shown = rollout.samples[: 2 * g]
+        if not self.decode_samples:
+            shown = self._pixels(shown)
         items = []
-        for i, (s, r) in enumerate(zip(rollout.samples[: 2 * g], rewards.tolist())):
+        for i, (s, r) in enumerate(zip(shown, rewards.tolist())):
             item = {"prompt": prompts[i // g]["prompt"], "reward": float(r)}
             if s.dim() == 4:  # video [F, 3, H, W]
                 item["frames"] = list(s[:: max(1, len(s) // 4)])
