@@ -49,6 +49,13 @@ def load_model(model: str, *, dtype: torch.dtype, attn_implementation: str, cach
     return processor, hf
 
 
+def _model_path(model: str, cache_dir: str | None, rollout_backend: str) -> str:
+    """What vLLM loads: the tiny random models' directory, else the name or path as given."""
+    from pipelines.vlm.tiny import TINY_MODELS, tiny_model_dir
+
+    return tiny_model_dir(model, cache_dir) if rollout_backend == "vllm" and model in TINY_MODELS else model
+
+
 def apply_training_mode(hf, *, lora_rank: int, lora_alpha: float | None, lora_dropout: float,
                         lora_targets: str | list[str] | None, freeze_vision: bool, gradient_checkpointing: bool):
     """Wrap with a LoRA adapter (lora_rank > 0) or unfreeze everything (full fine-tuning); returns the model."""
@@ -105,19 +112,29 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
               instruction: str | None = FORMAT_INSTRUCTION, prefix_sharing: str | bool = "auto",
               logp_chunk_tokens: int = 1024, reference: str = "auto", care_likelihood: bool = False,
               care_ema_decay: float = 0.995, care_ema_every: int = 10, check_logp: bool = False,
-              cache_dir: str | None = None) -> Task:
+              rollout_backend: str = "hf", vllm_gpu_memory_utilization: float = 0.3,
+              vllm_max_model_len: int | None = None, vllm_enable_sleep_mode: bool = False,
+              vllm_engine_kwargs: dict[str, Any] | None = None, cache_dir: str | None = None) -> Task:
     """GRPO on an image-text-to-text model (Qwen2-VL, Qwen2.5-VL, ...) over VQA-style records with verifiable answers."""
-    from pipelines.vlm.data import SHAPES_VQA, load_records
+    from pipelines.vlm.data import SHAPES_VQA, load_records, max_images
     from pipelines.vlm.methods import CareLikelihood
     from pipelines.vlm.policy import SampleSettings, VLMModule, VLMPolicy
+    from pipelines.vlm.rollout import make_backend
 
     _check(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, logp_chunk_tokens=logp_chunk_tokens,
            model_dtype=model_dtype)
+    _check_rollout(rollout_backend, check_logp=check_logp, gpu_memory_utilization=vllm_gpu_memory_utilization,
+                   max_model_len=vllm_max_model_len, max_new_tokens=max_new_tokens)
     common = {"seed": seed, "resolution": resolution, "question_types": question_types,
               "skip_bad_images": skip_bad_images}
     train = load_records(data, split="train", size=train_size, field="pipeline.kwargs.data", **common)
     evals = load_records(eval_data or SHAPES_VQA, split="val", size=eval_size, field="pipeline.kwargs.eval_data",
                          **common) if (eval_data or data == SHAPES_VQA) else []
+    # before the model loads: a missing vllm package or GPU fails in a second, not after loading 7B weights
+    backend = make_backend(rollout_backend, model_path=_model_path(model, cache_dir, rollout_backend), device=device, dtype=model_dtype, seed=seed,
+                           gpu_memory_utilization=vllm_gpu_memory_utilization, max_model_len=vllm_max_model_len,
+                           enable_sleep_mode=vllm_enable_sleep_mode, max_images=max_images(train + evals),
+                           min_pixels=min_pixels, max_pixels=max_pixels, engine_kwargs=vllm_engine_kwargs)
     torch.manual_seed(seed)
     processor, hf = load_model(model, dtype=DTYPES[model_dtype] if model_dtype else dtype,
                                attn_implementation=attn_implementation, cache_dir=cache_dir,
@@ -133,7 +150,7 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
     care = CareLikelihood(decay=care_ema_decay, every=care_ema_every) if care_likelihood else None
     try:
         policy = VLMPolicy(module, processor, device=device, settings=settings, reference=reference, care=care,
-                           check_logp=check_logp)
+                           check_logp=check_logp, backend=backend)
     except ValueError as err:
         raise UserError(f"pipeline.kwargs: {err}") from None
     rewards = [{"name": "format", "weight": 0.5, "kwargs": {}}, {"name": "accuracy", "weight": 1.0, "kwargs": {}}]
@@ -155,3 +172,23 @@ def _check(**kw: Any) -> None:
         raise UserError(f"pipeline.kwargs.logp_chunk_tokens ({kw['logp_chunk_tokens']}) must be >= 1")
     if kw["model_dtype"] is not None and kw["model_dtype"] not in DTYPES:
         raise UserError(f"pipeline.kwargs.model_dtype ({kw['model_dtype']!r}) must be one of {sorted(DTYPES)} or null")
+
+
+def _check_rollout(backend: str, *, check_logp: bool, gpu_memory_utilization: float, max_model_len: int | None,
+                   max_new_tokens: int) -> None:
+    from pipelines.vlm.rollout import ROLLOUT_BACKENDS
+
+    if backend not in ROLLOUT_BACKENDS:
+        raise UserError(f"pipeline.kwargs.rollout_backend ({backend!r}) must be one of {list(ROLLOUT_BACKENDS)}")
+    if backend != "vllm":
+        return
+    if check_logp:
+        raise UserError("pipeline.kwargs.check_logp=true compares generate's own log-probs with the recomputed ones; "
+                        "with rollout_backend=vllm the old log-probs are always recomputed by the training model, so "
+                        "set check_logp=false (or rollout_backend=hf)")
+    if not 0 < gpu_memory_utilization <= 1:
+        raise UserError(f"pipeline.kwargs.vllm_gpu_memory_utilization ({gpu_memory_utilization}) must be in (0, 1]: "
+                        f"the fraction of the GPU vLLM may take next to training (0.3 leaves 70% for the update)")
+    if max_model_len is not None and max_model_len <= max_new_tokens:
+        raise UserError(f"pipeline.kwargs.vllm_max_model_len ({max_model_len}) must exceed max_new_tokens "
+                        f"({max_new_tokens}): it bounds prompt (image tokens included) + completion")

@@ -52,6 +52,11 @@ def record_images(record: dict[str, Any]) -> list[Any]:
     return list(image) if isinstance(image, list | tuple) else [image]
 
 
+def max_images(records: list[dict[str, Any]]) -> int:
+    """The most images any record holds (vLLM reserves room for that many per prompt)."""
+    return max((len(record_images(r)) for r in records), default=0)
+
+
 def _image_problem(path: Path) -> str | None:
     """Why the image at `path` cannot be used, or None when it opens and decodes."""
     from PIL import Image, UnidentifiedImageError

@@ -1,5 +1,6 @@
-"""The VLM `Policy`: chat-template prompts with images, seeded `generate` rollouts, completion log-probs through the
-prefix-shared (or plain) forward, LoRA or full fine-tuning, reference by disabled adapter or frozen copy.
+"""The VLM `Policy`: chat-template prompts with images, seeded rollouts (transformers `generate`, or vLLM on CUDA: see
+pipelines/vlm/rollout.py), completion log-probs through the prefix-shared (or plain) forward, LoRA or full
+fine-tuning, reference by disabled adapter or frozen copy. Old log-probs are always the training model's own.
 
 K = completion tokens; the mask covers each completion up to and including its EOS or stop string.
 """
@@ -12,12 +13,12 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from transformers import StoppingCriteria
 
 from mmgrpo.types import Rollout
 from pipelines.vlm.data import load_image, record_images
 from pipelines.vlm.methods import CareLikelihood
 from pipelines.vlm.prefix import completion_logp, vision_token_ids
+from pipelines.vlm.rollout import HFBackend, _StopTracker, hf_generate_group, needs_synced_gpus  # noqa: F401
 
 
 def unwrap(hf: nn.Module) -> nn.Module:
@@ -61,34 +62,29 @@ class SampleSettings:
     instruction: str | None = None
 
 
-class _StopTracker(StoppingCriteria):
-    """Stopping criterion that records where each row ended: its first EOS token or the end of a stop string."""
-
-    def __init__(self, prompt_len: int, eos_ids: list[int], stop: tuple[str, ...], tokenizer):
-        self.prompt_len, self.stop, self.tokenizer = prompt_len, stop, tokenizer
-        self.eos = torch.tensor(eos_ids)
-        self.window = max((len(s) for s in stop), default=0) + 2  # tokens decode to >= 1 character each
-        self.done_at: Tensor | None = None
-
-    def __call__(self, input_ids: Tensor, scores: Any = None, **kwargs: Any) -> Tensor:
-        gen = input_ids[:, self.prompt_len:].cpu()  # [G, t]
-        if self.done_at is None:
-            self.done_at = torch.full((gen.shape[0],), -1, dtype=torch.long)
-        hit = torch.isin(gen[:, -1], self.eos)  # [G]
-        for r in range(gen.shape[0]):
-            if self.stop and self.done_at[r] < 0 and not hit[r]:
-                tail = self.tokenizer.decode(gen[r, -self.window:].tolist(), skip_special_tokens=False)
-                hit[r] = any(s in tail for s in self.stop)
-        self.done_at = torch.where((self.done_at < 0) & hit, gen.shape[1], self.done_at)
-        return (self.done_at >= 0).to(input_ids.device)
+def chat_prompt(processor: Any, settings: SampleSettings, record: dict[str, Any]) -> tuple[str, list]:
+    """(chat-template text, PIL images) of one record: the prompt every rollout backend samples from."""
+    try:
+        images = [load_image(x) for x in record_images(record)]
+    except (OSError, ValueError) as err:
+        raise ValueError(f"record {record.get('id', record.get('prompt'))!r}: cannot load its image ({err}); "
+                         f"fix the data or enable pipeline.kwargs.skip_bad_images") from err
+    text = record["prompt"] if not settings.instruction else f"{record['prompt']}\n{settings.instruction}"
+    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
+    messages = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []
+    messages.append({"role": "user", "content": content})
+    return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), images
 
 
 class VLMPolicy:
     """`Policy` for an image-text-to-text model; see the module docstring."""
 
     def __init__(self, module: VLMModule, processor: Any, *, device: torch.device, settings: SampleSettings,
-                 reference: str = "auto", care: CareLikelihood | None = None, check_logp: bool = False):
+                 reference: str = "auto", care: CareLikelihood | None = None, check_logp: bool = False,
+                 backend: Any = None):
         self.module, self.processor, self.device, self.s = module, processor, device, settings
+        self.backend = backend if backend is not None else HFBackend()
+        self._synced_gpus: bool | None = None
         self.tokenizer = processor.tokenizer if hasattr(processor, "tokenizer") else processor
         self.is_peft = hasattr(module.hf, "disable_adapter")
         if reference not in ("auto", "copy", "none"):
@@ -113,16 +109,7 @@ class VLMPolicy:
     # ----- prompts
     def encode(self, record: dict[str, Any]) -> dict[str, Any]:
         """Processor inputs (batch of 1, on the device) for one record, through the chat template."""
-        try:
-            images = [load_image(x) for x in record_images(record)]
-        except (OSError, ValueError) as err:
-            raise ValueError(f"record {record.get('id', record.get('prompt'))!r}: cannot load its image ({err}); "
-                             f"fix the data or enable pipeline.kwargs.skip_bad_images") from err
-        text = record["prompt"] if not self.s.instruction else f"{record['prompt']}\n{self.s.instruction}"
-        content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
-        messages = [{"role": "system", "content": self.s.system_prompt}] if self.s.system_prompt else []
-        messages.append({"role": "user", "content": content})
-        chat = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        chat, images = chat_prompt(self.processor, self.s, record)
         enc = self.processor(text=[chat], images=images or None, return_tensors="pt")
         return {k: v.to(self.device) for k, v in enc.items() if isinstance(v, Tensor)}
 
@@ -139,38 +126,24 @@ class VLMPolicy:
                                 eos_token_id=self.eos_ids, return_dict_in_generate=True,
                                 output_logits=self.check_logp)
 
+    def synced_gpus(self) -> bool:
+        """generate's synced_gpus: True when the weights are FSDP-sharded over ranks (decided at the first rollout,
+        after accelerate has prepared the model)."""
+        if self._synced_gpus is None:
+            self._synced_gpus = needs_synced_gpus(self.module.hf)
+        return self._synced_gpus
+
     def _generate_group(self, enc: dict[str, Any], group_size: int, seed: int) -> tuple[Tensor, Tensor, Tensor | None]:
-        """G completions [G, T] of one prompt, their lengths [G], and generation-time log-probs when checked."""
-        lp = enc["input_ids"].shape[1]
-        stops = _StopTracker(lp, self.eos_ids, self.s.stop, self.tokenizer)
-        gen_in = {k: v for k, v in enc.items() if not k.startswith("_")}
-        devices = [self.device] if self.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):  # HF sampling draws from the global RNG: seed it per prompt
-            torch.manual_seed(seed)
-            out = self.module.hf.generate(**gen_in, generation_config=self._generation_config(group_size),
-                                          stopping_criteria=[stops])
-        comp = out.sequences[:, lp:]  # [G, T]
-        t = comp.shape[1]
-        done = stops.done_at if stops.done_at is not None else torch.full((group_size,), -1)
-        lengths = torch.where(done > 0, done, t).clamp(min=1).to(comp.device)  # [G]
-        gen_logp = None
-        if self.check_logp:
-            logits = torch.stack(out.logits, dim=1).float() / self.s.temperature  # [G, T, V] raw, unprocessed
-            logits = logits.masked_fill(self.module.suppress.to(logits.device), float("-inf"))
-            gen_logp = logits.log_softmax(-1).gather(-1, comp[..., None]).squeeze(-1)  # [G, T]
-        return comp, lengths, gen_logp
+        """G completions [G, T] of one prompt with transformers' generate, their lengths [G], and generation-time
+        log-probs when checked (the video policy samples through this)."""
+        return hf_generate_group(self, enc, group_size, seed)
 
     @torch.no_grad()
     def rollout(self, prompts: list[dict[str, Any]], group_size: int, seeds: list[int]) -> Rollout:
         self.module.eval()
-        encs, comps, lens, gen_lps = [], [], [], []
-        for record, seed in zip(prompts, seeds):
-            enc = self.encode(record)
-            comp, lengths, gen_logp = self._generate_group(enc, group_size, int(seed))
-            encs += [enc] * group_size
-            comps.append(comp)
-            lens.append(lengths)
-            gen_lps.append(gen_logp)
+        prompt_encs = [self.encode(record) for record in prompts]
+        comps, lens, gen_lps = zip(*self.backend.generate(self, prompts, prompt_encs, group_size, list(seeds)))
+        encs = [enc for enc in prompt_encs for _ in range(group_size)]
         k = max(c.shape[1] for c in comps)
         completions = torch.cat([nn.functional.pad(c, (0, k - c.shape[1]), value=self.tokenizer.pad_token_id)
                                  for c in comps])  # [N, K]
