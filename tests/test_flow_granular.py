@@ -181,3 +181,12 @@ def test_policy_ratio_one_credit_once_and_member_advantages(tiny):
     adv = pol.step_advantages(r, rewards)
     torch.testing.assert_close(adv.view(2, 2, 2)[..., 0], P.granular_advantages(rewards, 2), rtol=0, atol=0)
     assert torch.equal(adv[0::2], adv[1::2])
+
+
+def test_granularities_on_another_plan_fail_at_build():
+    from mmgrpo.errors import UserError
+    from pipelines.flow.build import build_flow
+
+    with pytest.raises(UserError, match="'tree' takes no keyword 'granularities'"):
+        build_flow(seed=0, device=torch.device("cpu"), model="tiny:sd3", prompts=["a cat"], plan="tree",
+                   plan_kwargs={"granularities": [1, 2]})

@@ -36,7 +36,8 @@ def _records():
 
 PLANS = [("independent", {"train": "all"}), ("independent", {"train": "random", "fraction": 0.5}),
          ("independent", {"train": "window", "window_size": 2, "window_every": 1}),
-         ("fast", {"sde_steps": 2}), ("singular", {}), ("tree", {"split_steps": [0, 2]})]
+         ("fast", {"sde_steps": 2}), ("singular", {}), ("singular", {"granularities": [1, 2]}),
+         ("tree", {"split_steps": [0, 2]})]
 
 
 @pytest.mark.parametrize("plan,plan_kwargs", PLANS, ids=[f"{p}-{next(iter(k.values()), '')}" for p, k in PLANS])
@@ -44,7 +45,8 @@ def test_ratio_is_one_before_any_update(tiny, plan, plan_kwargs):
     task = _build(tiny["sd3"], plan=plan, plan_kwargs=plan_kwargs, guidance_scale=3.0)
     pol = task.policy
     r = pol.rollout(_records(), 4, [3, 4])
-    assert r.old_logp.shape[0] == 8 and r.mask.all()
+    m = len(plan_kwargs.get("granularities", [1]))  # G2RPO: a member's M leaves share its step, leaf j = 0 trains it
+    assert r.old_logp.shape[0] == 8 and r.mask[::m].all() and not r.mask.view(4 // m * 2, m, -1)[:, 1:].any()
     for ks in (None, slice(0, 1)):  # whole K and one k-chunk
         lp, _ = pol.logp(task.module, r, torch.arange(8), k_slice=ks)
         old = r.old_logp[:, ks] if ks is not None else r.old_logp

@@ -170,6 +170,11 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
         raise UserError(f"pipeline.kwargs.sde ({sde!r}) must be a stochastic flow step: flow_grpo, dance or cps")
     if plan not in plans.SCHEDULES:
         raise UserError(f"pipeline.kwargs.plan: {plans.SCHEDULES.unknown_message(plan)}")
+    try:  # e.g. granularities on a tree plan: fail now, not at the first rollout
+        plans.SCHEDULES.check_kwargs(plan, plan_kwargs or {}, field="pipeline.kwargs.plan_kwargs",
+                                     skip=("num_steps", "group_size", "sde", "iteration", "same_noise", "seeds"))
+    except ValueError as err:
+        raise UserError(str(err)) from None
     if num_steps < 1 or lora_rank < 0 or (k_chunk is not None and k_chunk < 1):
         raise UserError(f"pipeline.kwargs: num_steps ({num_steps}) must be >= 1, lora_rank ({lora_rank}) >= 0 "
                         f"(0 = full fine-tuning) and k_chunk ({k_chunk}) null or >= 1")
