@@ -190,3 +190,6 @@ def test_granularities_on_another_plan_fail_at_build():
     with pytest.raises(UserError, match="'tree' takes no keyword 'granularities'"):
         build_flow(seed=0, device=torch.device("cpu"), model="tiny:sd3", prompts=["a cat"], plan="tree",
                    plan_kwargs={"granularities": [1, 2]})
+    with pytest.raises(UserError, match="objective nft trains no SDE step"):
+        build_flow(seed=0, device=torch.device("cpu"), model="tiny:sd3", prompts=["a cat"], plan="singular",
+                   plan_kwargs={"granularities": [1, 2]}, objective="nft")

@@ -132,6 +132,23 @@ def _check_guard(objective: str, ratio_norm: bool, step_weights: str) -> None:
                         f"objective grpo with algo.loss guard_clipped; DiffusionNFT has no ratio, unset them")
 
 
+def _check_plan(plan: str, plan_kwargs: dict, objective: str) -> None:
+    """Plan name and keywords before any model loads (e.g. granularities on a tree plan fail here)."""
+    from pipelines.flow import plan as plans
+
+    if plan not in plans.SCHEDULES:
+        raise UserError(f"pipeline.kwargs.plan: {plans.SCHEDULES.unknown_message(plan)}")
+    try:
+        plans.SCHEDULES.check_kwargs(plan, plan_kwargs, field="pipeline.kwargs.plan_kwargs",
+                                     skip=("num_steps", "group_size", "sde", "iteration", "same_noise", "seeds"))
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    grans = plan_kwargs.get("granularities")
+    if objective == "nft" and isinstance(grans, list | tuple) and len(grans) > 1:
+        raise UserError(f"pipeline.kwargs.plan_kwargs.granularities ({grans}) credit a singular SDE step with its "
+                        f"completions' rewards; objective nft trains no SDE step, drop granularities or use grpo")
+
+
 def _reward_inputs(reward_inputs: list[str] | str | None) -> list[str] | None:
     """The reward input kinds as a checked list (a single kind may be given as a string)."""
     from rewards.api import INPUTS
@@ -161,20 +178,13 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
     reward_inputs: the input kinds of the configured rewards (rewards.api INPUTS); ["latent"] skips the VAE in
     rollouts (samples are the final latents). None decodes to pixels unless the engine reports the rewards' inputs
     through policy.set_reward_inputs."""
-    from pipelines.flow import plan as plans
     from pipelines.flow import sde as sde_mod
     from pipelines.flow.models import MODEL_TYPES, adapter_for, model_type_of, num_params
     from pipelines.flow.policy import FlowPolicy
 
     if sde not in sde_mod.STEPS or sde in ("ode", "ddim"):
         raise UserError(f"pipeline.kwargs.sde ({sde!r}) must be a stochastic flow step: flow_grpo, dance or cps")
-    if plan not in plans.SCHEDULES:
-        raise UserError(f"pipeline.kwargs.plan: {plans.SCHEDULES.unknown_message(plan)}")
-    try:  # e.g. granularities on a tree plan: fail now, not at the first rollout
-        plans.SCHEDULES.check_kwargs(plan, plan_kwargs or {}, field="pipeline.kwargs.plan_kwargs",
-                                     skip=("num_steps", "group_size", "sde", "iteration", "same_noise", "seeds"))
-    except ValueError as err:
-        raise UserError(str(err)) from None
+    _check_plan(plan, plan_kwargs or {}, objective)
     if num_steps < 1 or lora_rank < 0 or (k_chunk is not None and k_chunk < 1):
         raise UserError(f"pipeline.kwargs: num_steps ({num_steps}) must be >= 1, lora_rank ({lora_rank}) >= 0 "
                         f"(0 = full fine-tuning) and k_chunk ({k_chunk}) null or >= 1")
