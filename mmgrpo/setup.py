@@ -99,7 +99,13 @@ def build_rewards(cfg: Config, task: Task, device: torch.device):
     if not specs:
         raise UserError(f"no rewards configured and pipeline {cfg.pipeline.name!r} has no default; add a "
                         f"`rewards:` list, e.g. [{{name: format, weight: 1.0}}]")
-    return rewards.RewardSet(specs, device=device)
+    reward_set = rewards.RewardSet(specs, device=device)
+    if hasattr(task.policy, "set_reward_inputs"):  # flow: no VAE decode when every reward reads latents
+        try:
+            task.policy.set_reward_inputs([r.input for r in reward_set.rewards])
+        except ValueError as err:
+            raise UserError(f"rewards: {err}") from None
+    return reward_set
 
 
 def _prepare_dirs(cfg: Config) -> tuple[Path, Path]:

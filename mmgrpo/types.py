@@ -88,6 +88,8 @@ class Policy(Protocol):
     #                                        adapter_model.safetensors + adapter_config.json), checksummed too
     #   wants_step_advantages = True + step_advantages(rollout, rewards [B_local, G]) -> [N_local, K] per-decision
     #                                        advantages (BranchGRPO trees) instead of the configured estimator's
+    #   set_reward_inputs(kinds)             the configured rewards' input kinds ("image", "latent", ...), given
+    #                                        before any rollout (flow: skip the VAE when every reward reads latents)
     #   for_evaluation()                     called by `mmgrpo eval` / `sample` before any rollout: switch off
     #                                        training-only rollout tricks (TempSamp's injected ground truth)
     #   k_chunk, per_element_metrics         see `logp`

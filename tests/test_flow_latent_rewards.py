@@ -108,9 +108,9 @@ def test_grpo_trains_on_a_latent_reward_without_decoding_rollouts(tmp_path, late
     monkeypatch.setenv("MMGRPO_CACHE", str(ROOT / ".pytest_cache" / "mmgrpo"))
     cfg = load_config(ROOT / "configs" / "flow" / "sd3_tiny_cpu.yaml", [
         f"run.output_dir={tmp_path}", "run.steps=2", "run.progress=false", "run.report=false", "run.device=cpu",
-        "run.checkpoint_every=0", "pipeline.kwargs.num_steps=3", "pipeline.kwargs.reward_inputs=[latent]",
+        "run.checkpoint_every=0", "pipeline.kwargs.num_steps=3",
         f"rewards=[{{name: {latent_mean}}}]", "optim.lr=1e-2"])
-    train(cfg)
+    train(cfg)  # no pipeline.kwargs.reward_inputs: the engine tells the policy what the rewards read
     assert rollout_decodes["decoded"] == 0
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(torch.isfinite(torch.tensor(r["loss/policy"])) for r in rows)
