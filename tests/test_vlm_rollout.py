@@ -90,6 +90,68 @@ def test_generate_gets_the_synced_gpus_decision(cache, monkeypatch):
     assert VideoPolicy._generate_group is VLMPolicy._generate_group
 
 
+FSDP_GENERATE = """
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from pipelines.vlm.build import build_vlm
+
+torch.set_num_threads(1)
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+task = build_vlm(seed=0, device=torch.device("cpu"), model="tiny-random-qwen2-vl", cache_dir=sys.argv[1],
+                 train_size=2, eval_size=1, max_new_tokens=12)
+pol = task.policy
+pol.s.max_new_tokens = 2 if rank == 0 else 12  # rank 0 is done after 2 tokens, rank 1 samples on
+records = task.train_data[rank:rank + 1]
+want = pol.rollout(records, 2, [rank])  # unsharded
+mesh = init_device_mesh("cpu", (2,))
+for layer in task.module.hf.model.language_model.layers:  # as accelerate's FSDP2 TRANSFORMER_BASED_WRAP, then root
+    fully_shard(layer, mesh=mesh)
+fully_shard(task.module, mesh=mesh)
+pol._synced_gpus = None
+got = pol.rollout(records, 2, [rank])
+same = torch.equal(got.extras["completion_ids"], want.extras["completion_ids"])
+diff = float((got.old_logp - want.old_logp).abs().max())
+print(f"RESULT rank={rank} synced={pol.synced_gpus()} same={same} K={got.mask.shape[1]} diff={diff:.1e}", flush=True)
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.smoke
+def test_rollout_under_fsdp2_with_ranks_finishing_apart(cache, tmp_path):
+    """Two CPU ranks, the model sharded as accelerate's FSDP2 does: rank 0 stops after 2 tokens while rank 1 samples
+    on. Generation keeps both ranks in step (synced_gpus) and gives what the unsharded model gives. Without
+    synced_gpus rank 1 hangs in an all-gather (seen: rank 0 returned, rank 1 killed at a 90 s timeout)."""
+    import os
+    import socket
+    import subprocess
+    from pathlib import Path
+
+    _task(cache)  # writes the tiny model once, before the ranks race to read it
+    script = tmp_path / "fsdp_generate.py"
+    script.write_text(FSDP_GENERATE)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          port, str(script), cache], env=env, capture_output=True, text=True, timeout=240,
+                         check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = sorted(ln for ln in res.stdout.splitlines() if ln.startswith("RESULT"))
+    assert len(lines) == 2, res.stdout
+    assert lines[0].startswith("RESULT rank=0 synced=True same=True K=2 diff=0.0e+00"), lines
+    assert lines[1].startswith("RESULT rank=1 synced=True same=True") and "diff=0.0e+00" in lines[1], lines
+    assert "K=2 " not in lines[1]  # rank 1 really sampled longer
+
+
 # ----- vLLM through a fake engine
 class FakeLLM:
     """Records its engine arguments, weight loads, cache resets, sleeps and generate calls; returns scripted ids."""

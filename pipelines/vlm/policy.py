@@ -27,7 +27,8 @@ def unwrap(hf: nn.Module) -> nn.Module:
 
 
 class VLMModule(nn.Module):
-    """Task.module: owns the (peft-wrapped) model; forward(prompts, completions, lengths) -> (logp, entropy) [n, K].
+    """Task.module: owns the (peft-wrapped) model; forward(prompts, completions, lengths) -> (logp, entropy) [n, K],
+    or forward(generate=kwargs) -> hf.generate(**kwargs).
 
     The whole log-prob computation runs inside this forward, so accelerate's DDP wrapper sees one forward call.
     """
@@ -42,8 +43,11 @@ class VLMModule(nn.Module):
         suppress[self.suppress_ids] = True
         self.register_buffer("suppress", suppress, persistent=False)
 
-    def forward(self, prompts: list[dict[str, Any]], completions: Tensor, lengths: Tensor,
-                shared: bool | None = None) -> tuple[Tensor, Tensor]:
+    def forward(self, prompts: list[dict[str, Any]] | None = None, completions: Tensor | None = None,
+                lengths: Tensor | None = None, shared: bool | None = None, *,
+                generate: dict[str, Any] | None = None) -> Any:
+        if generate is not None:  # sampling enters here too, so wrapper hooks (FSDP2's weight gathering) run
+            return self.hf.generate(**generate)
         base = unwrap(self.hf)
         return completion_logp(base.model, base.get_output_embeddings(), prompts, completions, lengths,
                                shared=self.shared if shared is None else shared, pad_id=self.pad_id,

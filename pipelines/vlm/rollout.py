@@ -126,8 +126,10 @@ def hf_generate_group(policy: Any, enc: dict[str, Any], group_size: int, seed: i
     devices = [policy.device] if policy.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):  # HF sampling draws from the global RNG: seed it per prompt
         torch.manual_seed(seed)
-        out = policy.module.hf.generate(**gen_in, generation_config=policy._generation_config(group_size),
-                                        stopping_criteria=[stops], synced_gpus=policy.synced_gpus())
+        # through Task.module's forward, so an FSDP2 root gathers its own weights (embeddings, patch embedding,
+        # lm_head) as in training; sharded layers gather in their own hooks, in lockstep thanks to synced_gpus
+        out = policy.module(generate={**gen_in, "generation_config": policy._generation_config(group_size),
+                                      "stopping_criteria": [stops], "synced_gpus": policy.synced_gpus()})
     comp = out.sequences[:, lp:]  # [G, T]
     t = comp.shape[1]
     done = stops.done_at if stops.done_at is not None else torch.full((group_size,), -1)
