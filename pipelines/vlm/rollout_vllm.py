@@ -146,7 +146,6 @@ class VLLMBackend:
             self.engine_args["mm_processor_kwargs"] = pixels
         self.engine_args.update(engine_kwargs or {})
         self.llm = None
-        self.pushes = 0
 
     def engine(self) -> Any:
         if self.llm is None:
@@ -165,7 +164,6 @@ class VLLMBackend:
             llm.apply_model(partial(_load_into, weights=list(merged_weights(hf))))
         if hasattr(llm, "reset_prefix_cache"):
             llm.reset_prefix_cache()
-        self.pushes += 1
 
     def sampling_params(self, policy: Any, group_size: int, seed: int) -> Any:
         """The HF path's sampling settings in vLLM's terms; seeded per prompt like the HF path."""
