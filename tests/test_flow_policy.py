@@ -46,7 +46,10 @@ def test_ratio_is_one_before_any_update(tiny, plan, plan_kwargs):
     pol = task.policy
     r = pol.rollout(_records(), 4, [3, 4])
     m = len(plan_kwargs.get("granularities", [1]))  # G2RPO: a member's M leaves share its step, leaf j = 0 trains it
-    assert r.old_logp.shape[0] == 8 and r.mask[::m].all() and not r.mask.view(4 // m * 2, m, -1)[:, 1:].any()
+    paths = r.extras.get("path_mask", r.mask)  # tree: every leaf's path; its shared edges train in one row only
+    assert r.old_logp.shape[0] == 8 and paths[::m].all() and not paths.view(4 // m * 2, m, -1)[:, 1:].any()
+    if plan == "tree":  # 2 prompts x (2 + 2 edges at steps 0-1, 4 + 4 at steps 2-3) = 24 of 32 path elements
+        assert int(r.mask.sum()) == 24 and r.mask[:, 2:].all()
     for ks in (None, slice(0, 1)):  # whole K and one k-chunk
         lp, _ = pol.logp(task.module, r, torch.arange(8), k_slice=ks)
         old = r.old_logp[:, ks] if ks is not None else r.old_logp

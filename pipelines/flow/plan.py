@@ -2,6 +2,8 @@
 
 One executor covers independent groups, same-noise groups, BranchGRPO trees and singular-step (G2RPO / Fast) groups,
 the latter optionally completed at several ODE granularities (G2RPO's multi-granularity advantage integration).
+The tree maths (depths, fused rewards, per-depth advantages, width pruning, edge credit) live in
+`pipelines.flow.tree` and are re-exported here.
 """
 
 import dataclasses
@@ -19,6 +21,19 @@ from pipelines.flow.granular import (  # noqa: F401
     credited_leaves,
     granular_advantages,
     granular_step_advantages,
+)
+from pipelines.flow.tree import (  # noqa: F401
+    EDGE_CREDIT,
+    WIDTH_PRUNE,
+    check_width,
+    credit_edges_once,
+    depth_advantages,
+    depth_of_steps,
+    edge_keys,
+    node_rewards,
+    trained_edges,
+    width_keep_leaves,
+    width_prune_mask,
 )
 
 SCHEDULES = Registry("flow step schedule")
@@ -45,6 +60,9 @@ class RolloutPlan:
     """int >= 1: leaves kept per sibling set (branch_best) or per side (extremes); float in (0, 1): that fraction"""
     granularities: tuple[int, ...] = (1,)
     """G2RPO: ODE completion strides after the last SDE step (see `completion_indices`); (1,) = every step"""
+    edge_credit: str = "per_leaf"
+    """once: a transition shared by several leaves is one loss element (`credit_edges_once`); per_leaf: one per leaf
+    below it. The tree plan defaults to once (BranchGRPO); other plans share no trained transition"""
 
     @property
     def num_steps(self) -> int:
@@ -85,6 +103,8 @@ class RolloutPlan:
             if f > 1 and self.kinds[t] == "ode":
                 raise ValueError(f"plan branches at step {t} with fan-out {f}, but step {t} is ODE, so every child "
                                  f"would be identical; make step {t} an SDE step")
+        if self.edge_credit not in EDGE_CREDIT:
+            raise ValueError(f"plan edge_credit={self.edge_credit!r} must be one of {', '.join(EDGE_CREDIT)}")
         self._check_granularities()
 
     def _check_granularities(self) -> None:
@@ -335,11 +355,16 @@ def singular(*, num_steps: int, group_size: int, sde: str, iteration: int, same_
 def tree(*, num_steps: int, group_size: int, sde: str, iteration: int, same_noise: bool, seeds: list[int],
          split_steps: list[int] | None = None, fanout: int = 2, roots: int = 1,
          prune_depths: list[int] | None = None, width_prune: str | None = None,
-         width_keep: float = 1) -> tuple[RolloutPlan, Tensor]:
+         width_keep: float = 1, edge_credit: str = "once") -> tuple[RolloutPlan, Tensor]:
     """BranchGRPO tree: `roots` noises per prompt, every node splits into `fanout` at each split step (arXiv:2509.06040).
 
     SDE at every step; steps at a depth listed in prune_depths are not trained (depth pruning cuts backward only).
     width_prune (branch_best | extremes) masks whole leaves once rewards are in (`width_prune_mask`); rollouts unchanged.
+    edge_credit once (default, BranchGRPO): each distinct parent -> child transition is one loss element with the
+    child's advantage, kept in the row of the first leaf below it that survives width pruning, and scored once;
+    per_leaf: every leaf trains its whole path, so an edge over L leaves weighs L times (a root edge of a 16-leaf tree
+    16 times). The returned [N, T] mask is the leaf paths; the policy applies the edge credit to the rollout's mask.
+    With once, a sequence-mean algo.aggregation would weigh an edge by 1 / (its row's edge count): use token_mean.
     """
     n_splits = round(math.log(group_size / roots, fanout)) if group_size % roots == 0 and fanout > 1 else -1
     if n_splits < 0 or roots * fanout ** n_splits != group_size:
@@ -349,8 +374,10 @@ def tree(*, num_steps: int, group_size: int, sde: str, iteration: int, same_nois
     if len(split_steps) != n_splits:
         raise ValueError(f"tree plan split_steps={split_steps} must list {n_splits} steps for group_size={group_size}")
     plan = RolloutPlan(tuple([sde] * num_steps), roots=roots, branches={int(s): fanout for s in split_steps},
-                       width_prune=width_prune, width_keep=width_keep)
-    _check_width(plan)
+                       width_prune=width_prune, width_keep=width_keep, edge_credit=edge_credit)
+    check_width(plan)
+    if edge_credit not in EDGE_CREDIT:
+        raise ValueError(f"tree plan edge_credit={edge_credit!r} must be one of {', '.join(EDGE_CREDIT)}")
     depth = depth_of_steps(plan)
     on = [int(depth[t]) not in set(prune_depths or ()) for t in range(num_steps)]
     k = sum(on)
@@ -368,144 +395,3 @@ def make_plan(name: str, *, num_steps: int, group_size: int, sde: str, iteration
     if plan.group_size != group_size:
         raise ValueError(f"plan {name!r} yields {plan.group_size} leaves per prompt but sample.group_size={group_size}")
     return plan, trained
-
-
-# ---- trees: depths, fused rewards and per-depth advantages (BranchGRPO)
-
-
-def depth_of_steps(plan: RolloutPlan) -> Tensor:
-    """[T] long: how many real splits (fan-out > 1) happened at or before each step; roots are depth 0."""
-    splits = torch.tensor([plan.branches.get(t, 1) > 1 for t in range(plan.num_steps)], dtype=torch.long)
-    return splits.cumsum(0)
-
-
-def node_rewards(plan: RolloutPlan, rewards: Tensor, *, fusion: str = "mean", leaf_logp: Tensor | None = None,
-                 alpha: float = 1.0) -> list[Tensor]:
-    """Rewards fused up the tree: entry d is [B, nodes at depth d] (BranchGRPO, arXiv:2509.06040).
-
-    mean: a node's reward is the mean of its leaves. prob: bottom-up, r(node) = softmax(alpha * logp(child)) . r(child),
-    where logp(child) is the log-prob of the transition that created the child.
-    Args:
-        rewards: [B, G] leaf rewards.
-        leaf_logp: [B, G, T] per-step transition log-probs of each leaf (needed for fusion="prob").
-    """
-    b, g = rewards.shape
-    split_steps = sorted(t for t, f in plan.branches.items() if f > 1)
-    widths = [plan.roots] + [g // plan.fanout_after(t) for t in split_steps]  # nodes per depth
-    if fusion == "mean":
-        return [rewards.view(b, w, g // w).mean(-1) for w in widths]
-    if fusion != "prob":
-        raise ValueError(f"fusion={fusion!r} must be mean or prob")
-    if leaf_logp is None or leaf_logp.shape[:2] != (b, g):
-        raise ValueError(f"fusion=prob needs leaf_logp [B={b}, G={g}, T], got "
-                         f"{None if leaf_logp is None else tuple(leaf_logp.shape)}")
-    out = [rewards.view(b, w, g // w).mean(-1) for w in widths]
-    for d in range(len(widths) - 1, 0, -1):
-        t, f = split_steps[d - 1], plan.branches[split_steps[d - 1]]
-        edge = leaf_logp[:, :: g // widths[d], t]  # [B, W_d] log-prob of the transition that created each child
-        w = torch.softmax(alpha * edge.reshape(b, widths[d - 1], f), -1)  # [B, W_{d-1}, f]
-        out[d - 1] = (w * out[d].view(b, widths[d - 1], f)).sum(-1)  # [B, W_{d-1}]
-    return out
-
-
-def depth_advantages(plan: RolloutPlan, rewards: Tensor, steps: Tensor, *, fusion: str = "mean",
-                     leaf_logp: Tensor | None = None, eps: float = 1e-8) -> Tensor:
-    """Per-transition advantages [N, K]: each node's fused reward normalised against the nodes of its depth.
-
-    A = (r_node - mean_depth) / (std_depth + eps) with the unbiased std; 0 where a depth has one node or std < 1e-6.
-    With no branching every leaf is its own node at every step, so this is GRPO's group advantage (ddof=1).
-    Args:
-        rewards: [B, G] leaf rewards.
-        steps: [N, K] long, the step of each trained transition (as in PlanResult.steps).
-    """
-    b, g = rewards.shape
-    fused = node_rewards(plan, rewards, fusion=fusion, leaf_logp=leaf_logp)
-    adv_by_depth = []
-    for r in fused:  # [B, W]
-        std = r.std(1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(r[:, :1])
-        a = torch.where(std < 1e-6, 0.0, (r - r.mean(1, keepdim=True)) / (std + eps))  # [B, W]
-        adv_by_depth.append(a)
-    depth = depth_of_steps(plan)[steps]  # [N, K]
-    leaf = torch.arange(b * g) % g  # [N] index within the group
-    out = torch.zeros(steps.shape, dtype=rewards.dtype)
-    for d, a in enumerate(adv_by_depth):
-        w = a.shape[1]
-        node = (leaf // (g // w))[:, None].expand_as(steps)  # [N, K]
-        val = a.repeat_interleave(g, 0).gather(1, node)  # [N, K]
-        out = torch.where(depth == d, val, out)
-    return out
-
-
-# ---- width pruning (BranchGRPO): after reward fusion, back-propagate only some leaves; the rollout is unchanged
-
-WIDTH_PRUNE = ("branch_best", "extremes")
-
-
-def _check_width(plan: RolloutPlan) -> None:
-    mode, keep = plan.width_prune, plan.width_keep
-    if mode is None:
-        return
-    if mode not in WIDTH_PRUNE:
-        raise ValueError(f"plan width_prune={mode!r} is not a width pruning rule; choose {', '.join(WIDTH_PRUNE)} "
-                         f"or leave it unset")
-    is_count = isinstance(keep, int) and not isinstance(keep, bool)
-    if not ((is_count and keep >= 1) or (isinstance(keep, float) and 0 < keep < 1)):
-        raise ValueError(f"plan width_keep={keep!r} must be a count >= 1 or a fraction in (0, 1)")
-    if mode == "branch_best" and not any(f > 1 for f in plan.branches.values()):
-        raise ValueError("plan width_prune='branch_best' needs a split (fan-out > 1); add split_steps or use extremes")
-
-
-def _keep_count(keep: float, size: float) -> int:
-    # a count is taken as given; a fraction of `size` rounds but keeps at least one
-    return int(keep) if isinstance(keep, int) else max(1, round(keep * size))
-
-
-def width_keep_leaves(plan: RolloutPlan, rewards: Tensor) -> Tensor:
-    """[B, G] bool: the leaves BranchGRPO back-propagates (arXiv:2509.06040, --width_pruning_mode 1 and 2).
-
-    branch_best: in each sibling set of the last split, its k highest-reward leaves. extremes: in each group, the k
-    lowest and the k highest rewards (k = width_keep, or round(width_keep * G / 2) for a fraction). Ties keep the
-    lower index. With width_prune None every leaf is kept.
-    Args:
-        rewards: [B, G] leaf rewards.
-    """
-    b, g = rewards.shape
-    _check_width(plan)
-    if plan.width_prune is None:
-        return torch.ones(b, g, dtype=torch.bool)
-    if plan.width_prune == "branch_best":
-        last = max(t for t, f in plan.branches.items() if f > 1)
-        sib = plan.branches[last]  # leaves sharing the parent of the last split are contiguous
-        k = min(sib, _keep_count(plan.width_keep, sib))
-        r = rewards.reshape(b * g // sib, sib)  # [B * G / f, f]
-        order = torch.sort(-r, dim=1, stable=True).indices[:, :k]  # [S, k] best first
-    else:
-        k = min(g, _keep_count(plan.width_keep, g / 2))
-        r = rewards  # [B, G]
-        asc = torch.sort(r, dim=1, stable=True).indices  # [B, G] worst first
-        order = torch.cat([asc[:, :k], asc[:, g - k:]], 1)  # [B, 2k] (overlaps when 2k > G)
-    keep = torch.zeros(r.shape, dtype=torch.bool).scatter_(1, order, True)
-    return keep.view(b, g)
-
-
-def width_prune_mask(plan: RolloutPlan, rewards: Tensor, mask: Tensor) -> Tensor:
-    """[N, K] trained mask with the rows of width-pruned leaves set False.
-
-    A shared-prefix transition stays trained in the row of every kept leaf below it, so an edge survives exactly when
-    some kept leaf descends from it; an edge whose whole subtree is pruned drops out of the loss.
-    Args:
-        rewards: [B, G] leaf rewards; mask: [N = B * G, K] bool.
-    """
-    keep = width_keep_leaves(plan, rewards).reshape(-1)  # [N]
-    if keep.shape[0] != mask.shape[0]:
-        raise ValueError(f"width pruning: rewards give {keep.shape[0]} leaves but the mask has {mask.shape[0]} rows")
-    return mask & keep.to(mask.device)[:, None]  # [N, K]
-
-
-def trained_edges(plan: RolloutPlan, steps: Tensor, mask: Tensor, group_size: int) -> set[tuple[int, int, int]]:
-    """The distinct tree transitions (prompt, step, node at that step) with a trained element; for counting work."""
-    fan = torch.tensor([plan.fanout_after(t) for t in range(plan.num_steps)])  # [T]
-    leaf = torch.arange(steps.shape[0])[:, None].expand_as(steps)  # [N, K]
-    node = (leaf % group_size) // fan[steps]  # [N, K]
-    return {(int(i) // group_size, int(t), int(c)) for i, t, c, m in
-            zip(leaf.flatten(), steps.flatten(), node.flatten(), mask.flatten()) if m}

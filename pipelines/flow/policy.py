@@ -103,6 +103,9 @@ class FlowPolicy:
         mask = (std > 0).view(n, -1) if res.steps.numel() else torch.zeros(n, 0, dtype=torch.bool)  # [N, K]
         if plan.coarse:  # the M granularity leaves of a member share its transitions: only j = 0 trains them
             mask = mask & plans.credited_leaves(plan, n)[:, None]
+        path_mask = None
+        if plan.edge_credit == "once":  # a shared tree edge trains in one row; step_advantages redoes it after pruning
+            path_mask, mask = mask, plans.credit_edges_once(plan, res.steps, mask, group_size)
         samples = self.model.decode(res.final, self.decode_batch_size) if self.decode_samples else \
             self._latent_samples(res.final)
         per_sample = {f"cond_{k}": v.repeat_interleave(group_size, 0) for k, v in cond.items()}
@@ -110,6 +113,8 @@ class FlowPolicy:
             return self._nft_rollout(res.final, samples, per_sample, group_size, list(seeds), res.nfe)
         extras = {"x_t": res.x_t, "x_next": res.x_next, "sigma": sig.to(device), "sigma_next": sig_next.to(device),
                   "step": res.steps, **per_sample}
+        if path_mask is not None:
+            extras["path_mask"] = path_mask  # [N, K] every leaf's whole path, before the edge credit
         if res.mean is not None:
             extras["old_mean"] = res.mean  # [N, K, ...] the rollout policy's means, for the exact RatioNorm
         sde_steps = sum(k != "ode" for k in plan.kinds)
@@ -149,17 +154,37 @@ class FlowPolicy:
 
     # ---- scoring
 
-    def _score(self, module: nn.Module, rollout: Rollout, idx: Tensor, ks: slice):
-        """StepOut of the stored transitions (idx, ks), flattened to [n * k]; grad flows through `module`."""
+    def _score(self, module: nn.Module, rollout: Rollout, idx: Tensor, ks: slice, pos: Tensor | None = None):
+        """StepOut of the stored transitions (idx, ks) flattened to [n * k], or of the flat positions `pos` [E] of
+        that grid only (the transformer sees just those rows); grad flows through `module`. Returns (out, n, k)."""
         ex = rollout.extras
         x = ex["x_t"][idx][:, ks]  # [n, k, ...]
         n, k = x.shape[:2]
-        flat = lambda t: t.reshape(n * k, *t.shape[2:])
-        cond = {key[5:]: v[idx].repeat_interleave(k, 0) for key, v in ex.items() if key.startswith("cond_")}
-        sigma, sigma_next = flat(ex["sigma"][idx][:, ks]), flat(ex["sigma_next"][idx][:, ks])  # [n * k]
-        v = self.model.velocity(module, flat(x), sigma, cond)
-        return sde.step(self.sde_kind, flat(x), v, sigma, sigma_next, noise_level=self.noise_level,
-                        prev_sample=flat(ex["x_next"][idx][:, ks]), reduce=self.reduce), n, k
+        pos = torch.arange(n * k) if pos is None else pos  # [E]
+        pick = lambda t: t.reshape(n * k, *t.shape[2:])[pos.to(t.device)]  # [E, ...]
+        rows = pos // k  # [E] the sample of each picked transition
+        cond = {key[5:]: v[idx][rows.to(v.device)] for key, v in ex.items() if key.startswith("cond_")}
+        sigma, sigma_next = pick(ex["sigma"][idx][:, ks]), pick(ex["sigma_next"][idx][:, ks])  # [E]
+        x_t = pick(x)  # [E, ...]
+        v = self.model.velocity(module, x_t, sigma, cond)
+        return sde.step(self.sde_kind, x_t, v, sigma, sigma_next, noise_level=self.noise_level,
+                        prev_sample=pick(ex["x_next"][idx][:, ks]), reduce=self.reduce), n, k
+
+    def _nothing(self, rollout: Rollout, idx: Tensor, ks: slice):
+        """What `_score` returns for an empty list of positions, without calling the model: (out, n, k)."""
+        x = rollout.extras["x_t"][idx][:, ks]  # [n, k, ...]
+        empty = torch.zeros(0, dtype=torch.float32, device=x.device)  # logp and std are float32 (sde.step)
+        return sde.StepOut(x[:0, 0], empty, torch.zeros((0, *x.shape[2:]), device=x.device), empty), *x.shape[:2]
+
+    def _trained_positions(self, rollout: Rollout, idx: Tensor, ks: slice) -> tuple[Tensor, bool]:
+        """Flat positions [E] of the (sample, step) pairs of idx x ks that rollout.mask trains, and whether the list
+        is a stand-in: with nothing trained, one pair is still scored under torch.distributed (FSDP gathers weights
+        in every forward, DDP reduces in the last backward, so every rank must run the model); else none is."""
+        pos = rollout.mask[idx][:, ks].reshape(-1).nonzero().flatten().cpu()  # [E]
+        if pos.numel() or not (torch.distributed.is_available() and torch.distributed.is_initialized()
+                               and torch.distributed.get_world_size() > 1):
+            return pos, False
+        return torch.zeros(1, dtype=torch.long), True
 
     def logp(self, model: nn.Module, rollout: Rollout, idx: Tensor,
              k_slice: slice | None = None) -> tuple[Tensor, dict[str, Tensor]]:
@@ -174,16 +199,23 @@ class FlowPolicy:
             kw = {"velocity": v, "old_velocity": ex["nft_v_old"][idx][:, ks], "target": ex["nft_target"][idx][:, ks],
                   "t": t}
             return torch.zeros(t.shape, device=v.device), {"loss_kwargs": kw}
-        out, n, k = self._score(model, rollout, idx, ks)
+        pos, stand_in = self._trained_positions(rollout, idx, ks)  # [E] only these reach the transformer
+        out, n, k = self._score(model, rollout, idx, ks, pos) if pos.numel() else self._nothing(rollout, idx, ks)
+        old = rollout.old_logp[idx][:, ks].reshape(-1).to(device=out.logp.device, dtype=out.logp.dtype)  # [n * k]
+        fill = _Filler(pos, n * k, out.logp.device, stand_in)
+        # untrained pairs hold the old log-prob (ratio 1, no grad): the trainer masks them anyway
+        logp = fill(old, out.logp)
+        if not pos.numel() and not stand_in:
+            logp = logp.requires_grad_()  # nothing trained here: a leaf so the trainer's backward still runs
         aux = {}
         ref_mean = rollout.extras.get("ref_mean")
         if ref_mean is not None:
-            ref = ref_mean[idx][:, ks].reshape(out.mean.shape).to(out.mean.device)
-            aux["kl"] = sde.kl_gaussian(out.mean, ref, out.std, self.reduce).view(n, k)
-        kw = self._guard_kwargs(out, rollout, idx, ks, n, k)
+            ref = ref_mean[idx][:, ks].reshape(n * k, *out.mean.shape[1:])[pos.to(ref_mean.device)].to(out.mean)
+            aux["kl"] = fill(torch.zeros_like(old), sde.kl_gaussian(out.mean, ref, out.std, self.reduce)).view(n, k)
+        kw = self._guard_kwargs(out, rollout, idx, ks, n, k, fill)
         if kw:
             aux["loss_kwargs"] = kw
-        return out.logp.view(n, k), aux
+        return logp.view(n, k), aux
 
     def step_weight_table(self) -> Tensor:
         """[T] loss weight of each denoising step for `step_weights` (guard: GRPO-Guard's 1 / |dt|, arXiv:2510.22319;
@@ -195,13 +227,18 @@ class FlowPolicy:
             return noise_aware_weights(s, s_next, kind=self.sde_kind, noise_level=self.noise_level)
         return guard_step_weights(s, s_next, normalize=self.step_weights == "guard_normalized")
 
-    def _guard_kwargs(self, out, rollout: Rollout, idx: Tensor, ks: slice, n: int, k: int) -> dict[str, Tensor]:
-        """The guard_clipped loss's per-element inputs [n, k]: std and mean_sq_dist (ratio_norm), weight, k_offset."""
+    def _guard_kwargs(self, out, rollout: Rollout, idx: Tensor, ks: slice, n: int, k: int,
+                      fill: "_Filler") -> dict[str, Tensor]:
+        """The guard_clipped loss's per-element inputs [n, k]: std and mean_sq_dist (ratio_norm), weight, k_offset.
+        Untrained pairs (not scored) get std 1 and mean_sq_dist 0, constants the loss masks."""
         kw = {}
         if self.ratio_norm:
-            old = rollout.extras["old_mean"][idx][:, ks].reshape(out.mean.shape).to(out.mean)  # [n * k, ...]
-            kw["std"] = out.std.view(n, k)
-            kw["mean_sq_dist"] = sde._reduce((out.mean - old) ** 2, self.reduce).view(n, k)  # grad through mean
+            old = rollout.extras["old_mean"][idx][:, ks].reshape(n * k, *out.mean.shape[1:])
+            old = old[fill.pos.to(old.device)].to(out.mean)  # [E, ...]
+            base = torch.ones(n * k, dtype=out.std.dtype, device=out.std.device)  # [n * k]
+            kw["std"] = fill(base, out.std).view(n, k)
+            kw["mean_sq_dist"] = fill(torch.zeros_like(base), sde._reduce((out.mean - old) ** 2, self.reduce)
+                                      ).view(n, k)  # grad through mean
         if self.step_weights != "none":
             steps = rollout.extras["step"][idx][:, ks]  # [n, k]
             kw["weight"] = self.step_weight_table()[steps.cpu()].to(out.logp)  # [n, k]
@@ -215,32 +252,44 @@ class FlowPolicy:
         if not self.use_reference or self.objective == "nft":
             return None
         ex = rollout.extras
-        if self.lora:
+        pos, _ = self._trained_positions(rollout, idx, slice(None))  # [E] untrained pairs need no reference
+        if not pos.numel():
+            out, n, k = self._nothing(rollout, idx, slice(None))
+        elif self.lora:
             self.transformer.disable_adapters()
             try:
-                out, n, k = self._score(self.transformer, rollout, idx, slice(None))
+                out, n, k = self._score(self.transformer, rollout, idx, slice(None), pos)
             finally:
                 self.transformer.enable_adapters()
         else:
-            out, n, k = self._score(self.ref, rollout, idx, slice(None))
+            out, n, k = self._score(self.ref, rollout, idx, slice(None), pos)
         if "ref_mean" not in ex:
             ex["ref_mean"] = torch.zeros(ex["x_t"].shape, dtype=out.mean.dtype, device=ex["x_t"].device)
-        ex["ref_mean"][idx] = out.mean.view(n, k, *out.mean.shape[1:]).to(ex["ref_mean"].device)
-        return out.logp.view(n, k)
+        flat = ex["ref_mean"][idx].reshape(n * k, *out.mean.shape[1:])  # [n * k, ...] a copy
+        flat[pos.to(flat.device)] = out.mean.to(flat)
+        ex["ref_mean"][idx] = flat.view(n, k, *out.mean.shape[1:])
+        old = rollout.old_logp[idx].reshape(-1).to(device=out.logp.device, dtype=out.logp.dtype)  # [n * k]
+        return _Filler(pos, n * k, out.logp.device, False)(old, out.logp).view(n, k)
 
     def step_advantages(self, rollout: Rollout, rewards: Tensor, *, fusion: str = "mean") -> Tensor:
         """BranchGRPO per-depth advantages [N, K] for the last rollout's plan from leaf rewards [B, G]; with
         granularities, G2RPO's summed per-granularity advantage of each member on its leaves' rows.
 
-        With the plan's width_prune set, the pruned leaves' rows of rollout.mask turn False here (rewards are known
-        only now), so the loss skips them; the rollout already evaluated every leaf."""
+        Rewards are known only now, so rollout.mask is set here from the leaf paths (extras["path_mask"], else the
+        rollout's mask): the plan's width_prune turns the pruned leaves' rows False, then edge_credit once keeps
+        each distinct edge in the first surviving leaf's row only. The rollout already evaluated every leaf."""
         if self.last_plan is None:
             raise ValueError("step_advantages needs a rollout first: call rollout() before it")
-        if self.last_plan.coarse:
-            return plans.granular_step_advantages(self.last_plan, rewards, rollout.extras["step"].shape[1])
-        if self.last_plan.width_prune is not None:
-            rollout.mask = plans.width_prune_mask(self.last_plan, rewards.cpu(), rollout.mask)  # [N, K]
-        return plans.depth_advantages(self.last_plan, rewards, rollout.extras["step"], fusion=fusion)
+        plan, steps = self.last_plan, rollout.extras["step"]
+        if plan.coarse:
+            return plans.granular_step_advantages(plan, rewards, steps.shape[1])
+        mask = rollout.extras.get("path_mask", rollout.mask)  # [N, K]
+        if plan.width_prune is not None:
+            mask = plans.width_prune_mask(plan, rewards.cpu(), mask)  # [N, K]
+        if plan.edge_credit == "once":
+            mask = plans.credit_edges_once(plan, steps, mask, rewards.shape[1])  # [N, K]
+        rollout.mask = mask
+        return plans.depth_advantages(plan, rewards, steps, fusion=fusion)
 
     # ---- weights
 
@@ -314,3 +363,18 @@ class FlowPolicy:
                 item["image"] = s
             items.append(item)
         return items
+
+
+class _Filler:
+    """Scatter values computed at flat positions `pos` [E] into a full [size] tensor (a stand-in adds 0 x them)."""
+
+    def __init__(self, pos: Tensor, size: int, device, stand_in: bool):
+        self.pos, self.size, self.stand_in = pos, size, stand_in
+        self._index = (pos.to(device),)
+
+    def __call__(self, base: Tensor, values: Tensor) -> Tensor:
+        """[size]: `base` (detached) where nothing was computed, `values` [E] at pos; grad flows through values."""
+        base = base.detach().to(values.dtype)
+        if self.stand_in:  # the pair was scored only to keep ranks in step: connect the graph, change no value
+            return base + 0 * values.sum()
+        return base.index_put(self._index, values)
