@@ -208,7 +208,8 @@ def test_loss_gradient_equals_a_hand_built_per_edge_loss_float64(tiny, g, plan_k
         cond = {key[5:]: v[i: i + 1] for key, v in ex.items() if key.startswith("cond_")}
         x, sig, sig_next = ex["x_t"][i, j][None], ex["sigma"][i, j][None], ex["sigma_next"][i, j][None]
         v = pol.model.velocity(module, x, sig, cond)
-        out = sde.step("flow_grpo", x, v, sig, sig_next, noise_level=pol.noise_level, prev_sample=ex["x_next"][i, j][None])
+        out = sde.step("flow_grpo", x, v, sig, sig_next, noise_level=pol.noise_level,
+                       prev_sample=ex["x_next"][i, j][None])
         ratio = torch.exp(out.logp[0] - ro.old_logp[i, j].double())
         a = adv[i, j]
         total = total - torch.minimum(ratio * a, ratio.clamp(0.98, 1.02) * a)

@@ -23,6 +23,8 @@ class FlowPolicy:
     Attributes read by the trainer: `k_chunk` (trained steps per backward; None = all K at once) and
     `per_element_metrics` (per step: ratio/k<j> mean, /std, /clip_upper, /clip_lower). With `ratio_norm` or
     `step_weights`, logp() returns aux["loss_kwargs"] (std, mean_sq_dist, weight [n, k]) for algo.loss guard_clipped.
+    logp() and ref_logp() run the transformer only on the (sample, step) pairs rollout.mask trains (a tree plan's
+    shared edges count once, see `step_advantages`); the other entries hold the old log-prob, detached.
     Samples are pixels for the rewards, or the final latents when no reward needs pixels (`set_reward_inputs`).
     """
 
@@ -173,8 +175,9 @@ class FlowPolicy:
     def _nothing(self, rollout: Rollout, idx: Tensor, ks: slice):
         """What `_score` returns for an empty list of positions, without calling the model: (out, n, k)."""
         x = rollout.extras["x_t"][idx][:, ks]  # [n, k, ...]
+        none = x.reshape(-1, *x.shape[2:])[:0]  # [0, ...]
         empty = torch.zeros(0, dtype=torch.float32, device=x.device)  # logp and std are float32 (sde.step)
-        return sde.StepOut(x[:0, 0], empty, torch.zeros((0, *x.shape[2:]), device=x.device), empty), *x.shape[:2]
+        return sde.StepOut(none, empty, none.float(), empty), *x.shape[:2]
 
     def _trained_positions(self, rollout: Rollout, idx: Tensor, ks: slice) -> tuple[Tensor, bool]:
         """Flat positions [E] of the (sample, step) pairs of idx x ks that rollout.mask trains, and whether the list
