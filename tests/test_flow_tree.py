@@ -291,3 +291,13 @@ def test_tree_rollout_ratio_is_one_with_pruning_and_chunks(tiny):
         lp, _ = pol.logp(task.module, ro, torch.arange(8), k_slice=ks)
         old = ro.old_logp[:, ks] if ks is not None else ro.old_logp
         torch.testing.assert_close(torch.exp(lp - old), torch.ones_like(old), rtol=0, atol=1e-5)
+
+
+def test_bad_edge_credit_fails_at_build_in_one_line(tiny):
+    from mmgrpo.errors import UserError
+
+    with pytest.raises(UserError, match=r"plan_kwargs.edge_credit \('twice'\) must be once"):
+        _task(tiny, plan_kwargs={"split_steps": [0, 2], "edge_credit": "twice"})
+    with pytest.raises(UserError, match="'independent' takes no keyword 'edge_credit'"):
+        _task(tiny, plan="independent", plan_kwargs={"edge_credit": "once"})
+

@@ -143,6 +143,10 @@ def _check_plan(plan: str, plan_kwargs: dict, objective: str) -> None:
                                      skip=("num_steps", "group_size", "sde", "iteration", "same_noise", "seeds"))
     except ValueError as err:
         raise UserError(str(err)) from None
+    credit = plan_kwargs.get("edge_credit", "once")
+    if credit not in plans.EDGE_CREDIT:
+        raise UserError(f"pipeline.kwargs.plan_kwargs.edge_credit ({credit!r}) must be once (each shared tree edge "
+                        f"trained once, BranchGRPO) or per_leaf (once per leaf below it)")
     grans = plan_kwargs.get("granularities")
     if objective == "nft" and isinstance(grans, list | tuple) and len(grans) > 1:
         raise UserError(f"pipeline.kwargs.plan_kwargs.granularities ({grans}) credit a singular SDE step with its "
