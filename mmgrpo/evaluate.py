@@ -78,7 +78,7 @@ def evaluate(cfg: Config, ckpt: str | None = None, *, group_size: int = 4, limit
         chunk = records[lo: lo + batch_prompts]
         _, per_reward, total = _rollout_scored(cfg, task, reward_set, chunk, group_size)
         for n in range(total.numel()):
-            for cat in ("all", str(chunk[n // group_size].get("category", "all"))):
+            for cat in {"all", str(chunk[n // group_size].get("category", "all"))}:  # uncategorised: once
                 counts[cat] += 1
                 for r, name in enumerate(reward_set.names):
                     sums[cat][name] += float(per_reward[n, r])

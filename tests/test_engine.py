@@ -429,3 +429,12 @@ def test_fully_masked_rows_get_no_forward(tmp_path, monkeypatch):
     train(cfg)
     live = n - len(range(0, n, 3))  # 32 - 11 = 21 rows with an unmasked element
     assert sum(rows) == live * cfg.algo.inner_epochs * steps
+
+
+def test_eval_counts_uncategorised_records_once(tmp_path):
+    from mmgrpo.evaluate import evaluate
+
+    cfg = load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST])
+    table = evaluate(cfg, "none", group_size=2, limit=5)
+    # toy prompts carry no category: "all" is the only row, 5 prompts x 2 samples, each counted once
+    assert list(table) == ["all"] and table["all"]["n"] == 10

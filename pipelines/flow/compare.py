@@ -20,8 +20,10 @@ import torch
 from mmgrpo.errors import UserError
 
 EVAL_OVERRIDES = ("pipeline.kwargs.noise_level=0", "pipeline.kwargs.plan=independent",
-                  "pipeline.kwargs.plan_kwargs={train: all}", "pipeline.kwargs.objective=grpo")
-"""ODE sampling from one fresh noise per image, whatever plan / objective the recipe trains with."""
+                  "pipeline.kwargs.plan_kwargs={train: all}", "pipeline.kwargs.objective=grpo",
+                  "pipeline.kwargs.same_noise_per_group=false")
+"""ODE sampling from one fresh noise per image, whatever plan / objective the recipe trains with (FlowPolicy's
+for_evaluation applies the same settings, so `mmgrpo eval` and `sample` agree with this tool)."""
 
 
 def compare_table(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
@@ -57,6 +59,7 @@ def sample_grid(cfg, ckpt: str, records: list[dict[str, Any]], group_size: int) 
 
     path = resolve_checkpoint(cfg, ckpt)
     task = build_task(cfg, torch.device("cpu"))
+    task.policy.for_evaluation()  # as evaluate() does: one fresh noise per image even where the recipe shares them
     if path is not None:
         task.policy.load_state_dict(checkpoint.load(path, 0)["weights"])
     reward_set = build_rewards(cfg, task, torch.device("cpu"))

@@ -79,7 +79,7 @@ class FlowPolicy:
 
         names = {"noise_level": "noise_level", "plan": "plan_name", "plan_kwargs": "plan_kwargs",
                  "objective": "objective", "same_noise_per_group": "same_noise"}
-        settings = {"same_noise": False}
+        settings = {}
         for key, value in parse_overrides(list(EVAL_OVERRIDES)):
             field_name = key.removeprefix("pipeline.kwargs.")
             if field_name not in names:
