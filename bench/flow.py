@@ -1,9 +1,13 @@
-"""Flow-pipeline benchmarks: BranchGRPO tree vs independent rollouts, MixGRPO window vs all-step training.
+"""Flow-pipeline benchmarks on ShapesWorld: BranchGRPO tree vs independent rollouts, MixGRPO window and
+Flow-GRPO-Fast vs all-step training.
 
+Every arm is `configs/flow/shapes_t2i.yaml` (the `make demo` recipe: assets/shapes-t2i, shapes_geneval partial reward,
+LoRA r16, CFG 2, 8 steps) with only the rollout plan, the prompts per iteration and k_chunk changed.
 Run: python bench/flow.py [--quick]; writes bench/sections/flow.md (its part of results.md) and bench/plots/flow_*.png.
 """
 
 import argparse
+import copy
 import os
 import sys
 import tempfile
@@ -26,7 +30,6 @@ from bench.common import (
     machine,
     matmul_gflops,
     md_table,
-    measure_pair,
     now_utc,
     pyplot,
     quiet_process,
@@ -35,87 +38,51 @@ from bench.common import (
     write_section,
 )
 
-PROMPTS = ["a red circle", "a blue square", "a green triangle", "a yellow star", "two purple circles",
-           "an orange square above a cyan circle", "three small dots", "a large white triangle"]
+RECIPE = REPO / "configs" / "flow" / "shapes_t2i.yaml"
 TARGETS = {"tree": 3.0, "window": 2.0}  # issue 9: tree >= 3x faster per iteration; window >= 2x gain per second
+TREE_ARMS = {"independent": ("independent", {"train": "all"}),
+             "tree": ("tree", {"fanout": 2}),
+             "tree, pruned": ("tree", {"fanout": 2, "prune_depths": [3], "width_prune": "branch_best",
+                                       "width_keep": 1}),
+             "tree, late splits": ("tree", {"fanout": 2, "split_steps": [4, 5, 6]})}
+WINDOW_ARMS = {"window (MixGRPO)": ("independent", {"train": "window", "window_size": 2, "window_every": 4}),
+               "fast (Flow-GRPO-Fast, the recipe)": None}  # None: the recipe's own plan and plan_kwargs
+BASE = "all steps"
 
 
-# ---- the model, the runs and one training iteration
+# ---- the runs, one training iteration, the evaluation
 
 
-def bench_model(width: int, layers: int) -> str:
-    """A tiny random SD3 pipeline whose transformer is `width` wide and `layers` deep (cached); returns its path.
-
-    The text encoders, VAE and tokenizers are those of `tiny:sd3`; only the transformer is bigger, so that it, not
-    Python overhead, dominates each iteration.
-    """
-    from diffusers import SD3Transformer2DModel
-
-    from pipelines.flow.build import load_pipeline
-
-    root = Path(os.environ.get("MMGRPO_CACHE", Path.home() / ".cache" / "mmgrpo"))
-    path = root / f"bench-sd3-w{width}-l{layers}"
-    if (path / "model_index.json").is_file():
-        return str(path)
-    pipe = load_pipeline("tiny:sd3", torch.float32)
-    torch.manual_seed(0)
-    heads = 4
-    transformer = SD3Transformer2DModel(sample_size=32, patch_size=2, in_channels=4, num_layers=layers,
-                                        attention_head_dim=width // heads, num_attention_heads=heads,
-                                        caption_projection_dim=width, joint_attention_dim=32,
-                                        pooled_projection_dim=64, out_channels=4, pos_embed_max_size=64)
-    pipe.register_modules(transformer=transformer)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    pipe.save_pretrained(str(tmp))
-    try:
-        os.rename(tmp, path)
-    except OSError:  # another process built it first
-        import shutil
-
-        shutil.rmtree(tmp, ignore_errors=True)
-    return str(path)
+def val_spec(tree: dict) -> str:
+    """The recipe's eval categories on ShapesWorld's validation split (the recipe's own eval uses the test split)."""
+    parts = tree["pipeline"]["kwargs"]["eval_data"].split(":")
+    return ":".join(["shapes", "val", *parts[2:]])
 
 
-def shapes_note() -> str:
-    """Why the ShapesWorld text-to-image model (issue 9's reward benchmark) is or is not used here."""
-    p = REPO / "assets" / "shapes-t2i"
-    if not p.is_dir():
-        return "assets/shapes-t2i is not in this checkout, so the tiny random SD3 and a bench-only reward stand in"
-    from pipelines.flow.shapes_model import is_shapes_dir
+def make_run(out_dir: Path, base: dict, *, plan: str | None, plan_kwargs: dict | None, setting: dict, seed: int):
+    """A `mmgrpo.setup.Run` of the recipe `base` (no progress bar, report or checkpoints): one arm of a benchmark.
 
-    if not is_shapes_dir(str(p)) and not (p / "model_index.json").is_file():
-        return ("assets/shapes-t2i exists but is in neither format the flow pipeline loads, so the tiny random SD3 "
-                "and a bench-only reward stand in")
-    return ("assets/shapes-t2i loads in the flow pipeline (configs/flow/shapes_t2i.yaml), but this benchmark still "
-            "runs the tiny random SD3 with a bench-only reward; switching it to the ShapesWorld model and "
-            "shapes_geneval is left to a re-run")
-
-
-def make_run(out_dir: Path, model: str, *, plan: str, plan_kwargs: dict, setting: dict, seed: int):
-    """A `mmgrpo.setup.Run` of the flow pipeline (no progress bar, report or checkpoints): one arm of a benchmark."""
+    Changed from the recipe: the plan (None keeps the recipe's), prompts per iteration, k_chunk (the same in every
+    arm, so no arm pays for a bigger backward than another) and run.seed."""
     from mmgrpo.config import load_config
     from mmgrpo.setup import setup
 
-    tree = {
-        "run": {"output_dir": str(out_dir), "seed": seed, "steps": 10_000, "checkpoint_every": 0, "resume": "never",
-                "progress": False, "report": False, "log_every": 10_000},
-        "pipeline": {"name": "flow", "kwargs": {
-            "model": model, "prompts": setting["prompts"], "resolution": 32, "num_steps": setting["steps"],
-            "max_sequence_length": 16, "sde": "flow_grpo", "noise_level": 0.7, "guidance_scale": 1.0,
-            "plan": plan, "plan_kwargs": plan_kwargs, "lora_rank": setting["lora_rank"], "k_chunk": None}},
-        "sample": {"batch_size": setting["group"] * setting["prompts_per_iter"], "group_size": setting["group"]},
-        "algo": {"advantage": "grpo", "loss": "clipped", "loss_kwargs": {"clip_low": 0.2, "clip_high": 0.2},
-                 "micro_batch_size": setting["group"]},
-        "optim": {"lr": setting["lr"], "grad_clip": 1.0},
-        "rewards": [{"name": setting["reward"], "weight": 1.0}],
-    }
+    tree = copy.deepcopy(base)
+    tree["run"].update({"output_dir": str(out_dir), "seed": seed, "checkpoint_every": 0, "gallery_every": 0,
+                        "resume": "never", "progress": False, "report": False, "log_every": 10**6})
+    kw = tree["pipeline"]["kwargs"]
+    if plan is not None:
+        kw.update({"plan": plan, "plan_kwargs": plan_kwargs})
+    kw["k_chunk"] = setting["k_chunk"]
+    tree["sample"]["batch_size"] = setting["prompts_per_iter"] * tree["sample"]["group_size"]
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
     return setup(load_config(out_dir / "bench.yaml"))
 
 
 class Counter:
-    """Rows (latents) through the transformer, split into no-grad (rollout, reference) and grad (training) calls."""
+    """Rows (latents) through the transformer, split into no-grad (rollout) and grad (training) calls; CFG's two
+    passes count as two rows."""
 
     def __init__(self, module: torch.nn.Module):
         self.rollout = self.train = 0
@@ -134,12 +101,13 @@ class Counter:
 
 
 class Arm:
-    """One side of a comparison: its Run, its iteration counter and its evaluation-row counter."""
+    """One side of a comparison: its Run, iteration count, training seconds spent and evaluation curve."""
 
     def __init__(self, name: str, run: Any):
-        self.name, self.run, self.step = name, run, 0
+        self.name, self.run, self.step, self.spent = name, run, 0, 0.0
         self.counter = Counter(run.policy.transformer)
-        self.train_rewards: list[float] = []
+        self.curve: list[tuple[float, int, dict[str, float]]] = []  # (seconds spent, iterations, accuracies)
+        self.plan = None
 
     def iterate(self) -> dict[str, float]:
         """One training iteration exactly as `mmgrpo.trainer.train` runs it (minus logging and checkpoints)."""
@@ -157,63 +125,65 @@ class Arm:
         run.scheduler.step()
         t2 = time.perf_counter()
         self.step += 1
-        self.train_rewards.append(float(batch.total.mean()))
+        self.spent += t2 - t0
+        self.plan = run.policy.last_plan
         rows = self.counter.take()
-        return {"reward": self.train_rewards[-1], "rollout_s": t1 - t0, "update_s": t2 - t1,
-                "rollout_rows": rows[0], "train_rows": rows[1], "trained": int(batch.rollout.mask.sum())}
+        return {"seconds": t2 - t0, "rollout_s": t1 - t0, "update_s": t2 - t1, "rollout_rows": rows[0],
+                "train_rows": rows[1], "trained": int(batch.rollout.mask.sum())}
+
+    def evaluate(self, evaluator: "Evaluator") -> dict[str, float]:
+        acc = evaluator(self.run)
+        self.curve.append((self.spent, self.step, acc))
+        return acc
 
 
-@torch.no_grad()
-def eval_reward(run: Any, *, prompts: list[str], per_prompt: int, seed: int = 1234) -> float:
-    """Mean reward of deterministic (ODE) samples from fixed noises: the same sampler for every arm and every time."""
-    from pipelines.flow import plan as plans
-    from pipelines.flow import sde
+class Evaluator:
+    """Strict and partial verifier accuracy of ODE samples (noise 0, independent noises, as pipelines.flow.compare)
+    on fixed validation prompts with fixed per-prompt seeds: the same images for every arm at every time."""
 
-    pol = run.policy
-    cond = pol.model.encode(prompts)
-    t = pol.num_steps
-    plan = plans.RolloutPlan(("ode",) * t, roots=per_prompt)
-    seeds = [seed + i for i in range(len(prompts))]
+    def __init__(self, records: list[dict], per_prompt: int, seed: int = 1234, chunk: int = 4):
+        self.records, self.per_prompt, self.chunk = records, per_prompt, chunk
+        self.seeds = [seed + i for i in range(len(records))]
+        self.seconds: list[float] = []
 
-    def velocity(x, sigma, prompt):
-        return pol.model.velocity(pol.transformer, x, sigma, {k: v[prompt] for k, v in cond.items()})
+    @torch.no_grad()
+    def __call__(self, run: Any) -> dict[str, float]:
+        from mmgrpo.collect import reward_fields
 
-    res = plans.execute(plan, seeds=seeds, shape=pol.model.latent_shape(), sigmas=pol.sigmas,
-                        trained=torch.zeros(len(prompts) * per_prompt, t, dtype=torch.bool), velocity=velocity,
-                        step=lambda kind, x, v, s, s1, **kw: sde.step(kind, x, v, s, s1, **kw),
-                        noise_level=0.0, device=pol.model.device, dtype=pol.model.dtype)
-    samples = pol.model.decode(res.final)
-    texts = [p for p in prompts for _ in range(per_prompt)]
-    _, total = run.reward_set(samples, texts, group_size=per_prompt)
-    return float(total.float().mean())
+        t0, pol = time.perf_counter(), run.policy
+        saved = (pol.noise_level, pol.plan_name, pol.plan_kwargs, pol.iteration, pol.last_plan)
+        pol.noise_level, pol.plan_name, pol.plan_kwargs = 0.0, "independent", {"train": "all"}
+        scores = []
+        try:
+            for lo in range(0, len(self.records), self.chunk):
+                recs = self.records[lo: lo + self.chunk]
+                ro = pol.rollout(recs, self.per_prompt, self.seeds[lo: lo + self.chunk])
+                texts, fields = reward_fields(recs, self.per_prompt)
+                per_reward, _ = run.reward_set(ro.samples, texts, group_size=self.per_prompt, **fields)
+                scores.append(per_reward.double())  # [n_chunk, R]
+        finally:
+            pol.noise_level, pol.plan_name, pol.plan_kwargs, pol.iteration, pol.last_plan = saved
+        self.seconds.append(time.perf_counter() - t0)
+        scores = torch.cat(scores)  # [n, R]
+        out: dict[str, Any] = {name: float(scores[:, r].mean()) for r, name in enumerate(run.reward_set.names)}
+        out["per_image"] = {name: scores[:, r] for r, name in enumerate(run.reward_set.names)}
+        return out
 
 
 def forward_flops(run: Any) -> float:
-    """FLOPs of one transformer evaluation (one latent) at the benchmark's resolution and prompt length."""
+    """FLOPs of one transformer evaluation (one latent, no CFG) at the recipe's resolution and prompt length."""
     from torch.utils.flop_counter import FlopCounterMode
 
     pol = run.policy
-    cond = pol.model.encode([PROMPTS[0]])
+    cond = pol.model.encode(["a red circle"])
     x = torch.zeros(1, *pol.model.latent_shape())
     with torch.no_grad(), FlopCounterMode(display=False) as fc:
-        pol.model.velocity(pol.transformer, x, torch.tensor([0.5]), cond)
+        pol.model.forward(pol.transformer, x, torch.tensor([0.5]), cond)
     return float(fc.get_total_flops())
 
 
-def register_brightness() -> str:
-    """A bench-only reward, mean pixel brightness in [0, 1]: cheap and quick to move on a random tiny model."""
-    from rewards.api import REWARDS, FunctionReward
-
-    name = "bench_brightness"
-    if name not in REWARDS.names():
-        REWARDS.register(name, input="image", range="[0, 1]", paper="bench-only")(
-            lambda: FunctionReward(lambda samples, prompts: [float(s.float().mean()) for s in samples], name=name,
-                                   input="image", preprocess="mean of float [3, H, W] pixels in [0, 1]"))
-    return name
-
-
 def quiet() -> None:
-    """Silence diffusers/transformers progress bars and prompt-truncation notices in the bench output."""
+    """Silence diffusers/transformers progress bars and loading notices in the bench output."""
     import diffusers
     import transformers
 
@@ -226,60 +196,55 @@ def median(xs: list[float]) -> float:
     return summarise(xs)["median"]
 
 
-# ---- (a) tree vs independent rollouts at equal leaves and steps
+# ---- (a) tree vs independent rollouts at equal leaves and steps; (b) window and fast vs all steps
 
 
-def bench_tree(model: str, setting: dict, tmp: Path, *, repeats: int, evaluate) -> dict:
-    """Alternate training iterations of independent groups and BranchGRPO trees (plain, and with depth pruning)."""
-    plans_ = {"independent": ("independent", {"train": "all"}),
-              "tree": ("tree", {"fanout": 2}),
-              "tree, depth-pruned": ("tree", {"fanout": 2, "prune_depths": setting["prune_depths"]})}
-    arms = {n: Arm(n, make_run(tmp / f"a_{i}", model, plan=p, plan_kwargs=k, setting=setting, seed=0))
-            for i, (n, (p, k)) in enumerate(plans_.items())}
-    ind = arms["independent"]
-    ev = {n: [evaluate(a.run)] for n, a in arms.items()}
-    out = {"arms": arms, "pairs": {}, "gain_per_iter": {}}
-    for n in ("tree", "tree, depth-pruned"):
-        e0, s0 = evaluate(ind.run), ind.step
-        pair = measure_pair(ind.iterate, arms[n].iterate, repeats=repeats, warmup=1, ratio="a/b")
-        out["pairs"][n] = pair
-        iters = ind.step - s0
-        out["gain_per_iter"][(n, "independent")] = (evaluate(ind.run) - e0) / iters
-        out["gain_per_iter"][(n, n)] = (evaluate(arms[n].run) - ev[n][0]) / iters
-    out["plan"] = {n: a.run.policy.last_plan for n, a in arms.items()}
-    return out
+def bench_tree(base: dict, setting: dict, tmp: Path, evaluator: Evaluator, base_acc: dict) -> dict:
+    """Round-robin training iterations of every arm (order reversed every round, so drift hits all alike); the
+    per-round ratio is independent's seconds over the arm's. The independent arm is also (b)'s all-step arm."""
+    arms = {n: Arm(n, make_run(tmp / f"a{i}", base, plan=p, plan_kwargs=k, setting=setting, seed=setting["seed"]))
+            for i, (n, (p, k)) in enumerate(TREE_ARMS.items())}
+    for a in arms.values():
+        a.curve.append((0.0, 0, base_acc))
+    outs: dict[str, list[dict]] = {n: [] for n in arms}
+    warm, total = setting["warmup"], setting["warmup"] + setting["rounds"]
+    for i in range(total):
+        for n in list(arms) if i % 2 == 0 else list(arms)[::-1]:
+            out = arms[n].iterate()
+            if i >= warm:
+                outs[n].append(out)
+        print(f"(a) round {i + 1}/{total}: " + ", ".join(f"{n} {arms[n].spent:.0f} s" for n in arms), flush=True)
+        if i == total // 2 - 1:
+            arms["independent"].evaluate(evaluator)  # a mid point of (b)'s all-step curve
+    for a in arms.values():
+        a.evaluate(evaluator)
+    ind = [o["seconds"] for o in outs["independent"]]
+    pairs = {n: summarise([a / o["seconds"] for a, o in zip(ind, outs[n])]) for n in list(arms)[1:]}
+    return {"arms": arms, "outs": outs, "pairs": pairs}
 
 
-# ---- (b) window (MixGRPO) and few-step (Flow-GRPO-Fast) vs all-step training on a fixed wall-clock budget
-
-
-def bench_window(model: str, setting: dict, tmp: Path, *, budget: float, seeds: list[int], evaluate) -> dict:
-    """Per seed, run the arms interleaved (always the one with the least time spent) until each used `budget`
-    seconds of training; evaluate at a few points; the gain per second is the slope of reward on training time."""
-    plans_ = {"all steps": ("independent", {"train": "all"}),
-              "window (MixGRPO)": ("independent", {"train": "window", "window_size": setting["window"],
-                                                   "window_every": setting["window_every"]}),
-              "fast (Flow-GRPO-Fast)": ("fast", {"sde_steps": 2})}
-    runs = []
-    for seed in seeds:
-        arms = {n: Arm(n, make_run(tmp / f"b{seed}_{i}", model, plan=p, plan_kwargs=k, setting=setting, seed=seed))
-                for i, (n, (p, k)) in enumerate(plans_.items())}
-        curves = {n: [(0.0, evaluate(a.run))] for n, a in arms.items()}
-        spent = {n: 0.0 for n in arms}
-        iter_s: dict[str, list[float]] = {n: [] for n in arms}
-        marks = {n: budget / 4 for n in arms}
-        while min(spent.values()) < budget:
-            n = min(spent, key=spent.get)
-            t0 = time.perf_counter()
-            arms[n].iterate()
-            dt = time.perf_counter() - t0
-            spent[n] += dt
-            iter_s[n].append(dt)
-            if spent[n] >= marks[n]:
-                curves[n].append((spent[n], evaluate(arms[n].run)))
-                marks[n] += budget / 4
-        runs.append({"curves": curves, "iter_s": iter_s, "slopes": {n: fit_slope(c) for n, c in curves.items()}})
-    return {"runs": runs, "arms": list(plans_)}
+def bench_window(base: dict, setting: dict, tmp: Path, evaluator: Evaluator, base_acc: dict, budget: float) -> dict:
+    """Fresh window and fast arms, interleaved (always the one with the least training time next) until each spent
+    `budget` seconds, evaluated at half and full budget; gain per second = slope of accuracy on training seconds."""
+    arms = {}
+    for i, (n, spec) in enumerate(WINDOW_ARMS.items()):
+        plan, kw = spec if spec is not None else (None, None)
+        arms[n] = Arm(n, make_run(tmp / f"b{i}", base, plan=plan, plan_kwargs=kw, setting=setting,
+                                  seed=setting["seed"]))
+        arms[n].curve.append((0.0, 0, base_acc))
+    iter_s: dict[str, list[float]] = {n: [] for n in arms}
+    roll_s: dict[str, list[float]] = {n: [] for n in arms}
+    marks = {n: budget / 2 for n in arms}
+    while min(a.spent for a in arms.values()) < budget:
+        n = min(arms, key=lambda m: arms[m].spent)
+        out = arms[n].iterate()
+        iter_s[n].append(out["seconds"])
+        roll_s[n].append(out["rollout_s"])
+        if arms[n].spent >= marks[n]:
+            arms[n].evaluate(evaluator)
+            marks[n] += budget / 2
+            print(f"(b) {n}: {arms[n].step} iterations, {arms[n].spent:.0f} s", flush=True)
+    return {"arms": arms, "iter_s": iter_s, "roll_s": roll_s}
 
 
 # ---- the report
@@ -294,78 +259,126 @@ def unique_transitions(plan, trained_steps: list[int], prompts: int) -> int:
     return total
 
 
-def tree_section(res: dict, setting: dict, fwd: float, gflops: float) -> tuple[str, dict]:
-    from pipelines.flow.plan import depth_of_steps
+def gain(curve: list, metric: str, per: str) -> float:
+    """Accuracy gain per iteration (end minus start over iterations) or per training second (least-squares slope)."""
+    if per == "iteration":
+        return (curve[-1][2][metric] - curve[0][2][metric]) / max(1, curve[-1][1])
+    return fit_slope([(s, acc[metric]) for s, _, acc in curve])
 
-    rows, figs = [], {}
-    ind_out = [o for p in res["pairs"].values() for o in p["out_a"]]
-    stats = {"independent": ind_out, **{n: p["out_b"] for n, p in res["pairs"].items()}}
-    for n, outs in stats.items():
+
+def delta(curve: list, metric: str) -> tuple[float, float]:
+    """End minus start of a curve in points and the standard error of the mean paired per-image difference (same
+    prompts and noises at both ends, so only the weights differ)."""
+    d = 100 * (curve[-1][2]["per_image"][metric] - curve[0][2]["per_image"][metric])  # [n]
+    return float(d.mean()), float(d.std(unbiased=True)) / len(d) ** 0.5 if len(d) > 1 else float("nan")
+
+
+def change(curve: list, metric: str) -> str:
+    return "{:+.1f} +- {:.1f}".format(*delta(curve, metric))
+
+
+def ends(curve: list, metric: str) -> str:
+    return f"{curve[0][2][metric]:.3f} -> {curve[-1][2][metric]:.3f} ({change(curve, metric)})"
+
+
+def _ratio(b: float, a: float, unit: float = 1.0) -> str:
+    if a <= 0:
+        return f"n/a (A's gain {a * unit:+.4f} <= 0; B's {b * unit:+.4f})"
+    return f"{b / a:.2f} ({b * unit:+.4f} vs {a * unit:+.4f})"
+
+
+def tree_section(res: dict, setting: dict, fwd: float, gflops: float) -> tuple[str, dict]:
+    from pipelines.flow.plan import count_nfe, depth_of_steps
+
+    rows, figs, arms = [], {}, res["arms"]
+    for n, outs in res["outs"].items():
         roll, train = median([o["rollout_rows"] for o in outs]), median([o["train_rows"] for o in outs])
-        sec = median([o["rollout_s"] + o["update_s"] for o in outs])
+        sec = median([o["seconds"] for o in outs])
         flops = fwd * (roll + 3 * train)  # a backward costs about two forwards
         figs[n] = {"roll": roll, "train": train, "sec": sec, "rollout_s": median([o["rollout_s"] for o in outs]),
-                   "update_s": median([o["update_s"] for o in outs]), "trained": outs[0]["trained"]}
-        rows.append([n, int(roll), int(train), f"{figs[n]['rollout_s']:.2f} + {figs[n]['update_s']:.2f}",
-                     f"{flops / 1e9:.1f}", f"{flops / sec / 1e9 / gflops:.0%}"])
+                   "update_s": median([o["update_s"] for o in outs]), "trained": median([o["trained"] for o in outs])}
+        rows.append([n, int(roll), int(train), int(figs[n]["trained"]),
+                     f"{figs[n]['rollout_s']:.2f} + {figs[n]['update_s']:.2f}", f"{flops / 1e9:.1f}",
+                     f"{flops / sec / 1e9 / gflops:.0%}"])
     ind = figs["independent"]
+    g_ind = {m: gain(arms["independent"].curve, m, "iteration") for m in ("partial", "strict")}
+    table = []
+    for n, p in res["pairs"].items():
+        g = {m: gain(arms[n].curve, m, "iteration") for m in ("partial", "strict")}
+        table.append([n, (f"{(ind['roll'] + ind['train']) / (figs[n]['roll'] + figs[n]['train']):.2f}x "
+                          f"(rollout only {ind['roll'] / figs[n]['roll']:.2f}x)"), fmt_ratio(p),
+                      f">= {TARGETS['tree']:.0f}x" if n == "tree" else "(variant)",
+                      _ratio(g["partial"], g_ind["partial"], 100), _ratio(g["strict"], g_ind["strict"], 100)])
+    plan, late = arms["tree"].plan, arms["tree, late splits"].plan
+    depth = depth_of_steps(plan).tolist()
+    every = list(range(plan.num_steps))
+    uniq = unique_transitions(plan, every, setting["prompts_per_iter"])
+    uniq_late = unique_transitions(late, every, setting["prompts_per_iter"])
+    tr, n_ind = figs["tree"], ind["trained"]
+    proj = tr["rollout_s"] + tr["update_s"] * uniq / tr["trained"]
+    credit = (f"Each distinct transition is trained once ({int(tr['trained'])} trained = the tree's {uniq} distinct "
+              f"ones)" if tr["trained"] <= uniq else
+              f"The engine trained {int(tr['trained'])} transitions where the tree has {uniq} distinct ones (a "
+              f"shared transition once per leaf below it); training each once would bring the tree to about "
+              f"{ind['sec'] / proj:.1f}x (projection)")
+    iters = arms["independent"].step
     lines = [md_table(["comparison (B over A = independent)", "network evaluations per iteration, A / B",
                        "seconds per iteration, A / B (measured)", "target",
-                       "reward gain per iteration, B / A (one run)"],
-                      [[n, (f"{(ind['roll'] + ind['train']) / (figs[n]['roll'] + figs[n]['train']):.2f}x "
-                           f"(rollout only {ind['roll'] / figs[n]['roll']:.2f}x)"), fmt_ratio(p),
-                        f">= {TARGETS['tree']:.0f}x" if n == "tree" else "(variant)",
-                        _gain_ratio(res["gain_per_iter"][(n, n)], res["gain_per_iter"][(n, "independent")])]
-                       for n, p in res["pairs"].items()]), ""]
-    plan = res["plan"]["tree"]
-    depth = depth_of_steps(plan).tolist()
-    t_pruned = [t for t in range(plan.num_steps) if depth[t] not in setting["prune_depths"]]
-    uniq = unique_transitions(plan, list(range(plan.num_steps)), setting["prompts_per_iter"])
-    tr = figs["tree"]
-    proj = tr["rollout_s"] + tr["update_s"] * uniq / tr["trained"]
-    lines += [(f"Raw data (medians; seconds are this machine's, not the code's): evaluations are latents through the "
-              f"transformer (rollout = no grad, train = with grad); FLOPs = forward FLOPs per latent "
-              f"({fwd / 1e6:.1f} MFLOP, torch FlopCounter) x (rollout + 3 x train); achieved = FLOP/s over this "
-              f"process's measured fp32 matmul rate ({gflops:.1f} GFLOP/s)."), "",
-              md_table(["arm", "rollout evaluations", "train evaluations", "seconds: rollout + update",
-                        "GFLOP per iteration", "achieved / matmul rate"], rows), "",
-              (f"Tree: splits at steps {sorted(plan.branches)} (fan-out 2, {plan.group_size} leaves); depth-pruned "
-              f"trains only steps {t_pruned[0]}-{t_pruned[-1]} (depths {setting['prune_depths']} not trained). "
-              f"The engine trains every leaf's whole path, so a shared transition is re-scored and back-propagated "
-              f"once per leaf below it: {tr['trained']} trained transitions per iteration where the tree has {uniq} "
-              f"distinct ones. Projection, not a measurement: training each distinct transition once (its leaves' "
-              f"weight summed) would bring the tree to about {ind['sec'] / proj:.1f}x.")]
-    return "\n".join(lines), {"figs": figs, "projection": ind["sec"] / proj}
+                       f"partial-accuracy gain per iteration, B / A ({iters} iterations, points)",
+                       "strict-accuracy gain per iteration, B / A (points)"], table), "",
+             (f"Raw data (medians; seconds are this machine's, not the code's): evaluations are latents through the "
+              f"transformer, CFG's two passes counted (rollout = no grad, train = with grad); trained = unmasked "
+              f"(sample, step) transitions in the loss; FLOPs = forward FLOPs per latent ({fwd / 1e6:.1f} MFLOP, "
+              f"torch FlopCounter) x (rollout + 3 x train); achieved = FLOP/s over this process's measured fp32 "
+              f"matmul rate ({gflops:.1f} GFLOP/s)."), "",
+             md_table(["arm", "rollout evaluations", "train evaluations", "trained transitions",
+                       "seconds: rollout + update", "GFLOP per iteration", "achieved / matmul rate"], rows), "",
+             md_table(["arm", "partial accuracy: start -> end (change, points +- s.e.)", "strict accuracy"],
+                      [[n, ends(a.curve, "partial"), ends(a.curve, "strict")] for n, a in arms.items()]), "",
+             (f"Tree: splits at steps {sorted(plan.branches)} (fan-out 2, {plan.group_size} leaves, depths "
+              f"{depth}); pruned = BranchGRPO's width pruning (branch_best, 1 leaf of each sibling pair "
+              f"back-propagated) plus depth pruning (depth 3, steps {[t for t in range(len(depth)) if depth[t] == 3]}"
+              f", not trained); rollouts unchanged; late splits = splits at {sorted(late.branches)}. {credit}. At "
+              f"equal leaves and steps the tree has {uniq} distinct transitions against independent's {int(n_ind)}, "
+              f"so its trained transitions can shrink at most {n_ind / uniq:.2f}x (its rollout evaluations "
+              f"{n_ind / count_nfe(plan, setting['prompts_per_iter']):.2f}x: siblings share the call at a split); "
+              f"the late-split tree has {uniq_late} ({n_ind / uniq_late:.2f}x), but its leaves share the first "
+              f"{min(late.branches)} of the {late.num_steps} steps, so a group's samples differ only in the last "
+              f"{late.num_steps - min(late.branches)}.")]
+    b = setting["prompts_per_iter"]
+    bound = {"tree": n_ind / uniq, "late": n_ind / uniq_late, "roll": n_ind / count_nfe(plan, b),
+             "roll_late": n_ind / count_nfe(late, b)}
+    return "\n".join(lines), {"figs": figs, "bound": bound}
 
 
-def _gain_ratio(b: float, a: float) -> str:
-    if a <= 0:
-        return f"n/a (A's gain {a:+.4f} <= 0; B's {b:+.4f})"
-    return f"{b / a:.2f} ({b:+.4f} vs {a:+.4f})"
-
-
-def window_section(res: dict) -> str:
-    base = "all steps"
+def window_section(tree: dict, win: dict) -> tuple[str, dict]:
+    a = tree["arms"]["independent"]
+    base_iter = [o["seconds"] for o in tree["outs"]["independent"]]
+    curves = {BASE: a.curve, **{n: w.curve for n, w in win["arms"].items()}}
+    slopes = {n: {m: gain(c, m, "second") for m in ("partial", "strict")} for n, c in curves.items()}
     rows = []
-    for n in res["arms"][1:]:
-        speed = [median(r["iter_s"][base]) / median(r["iter_s"][n]) for r in res["runs"]]
-        gains = [(r["slopes"][n], r["slopes"][base]) for r in res["runs"]]
-        ok = [b / a for b, a in gains if a > 0]
-        gain = fmt_ratio(summarise(ok)) if ok else "n/a (all-step gain <= 0 in every run)"
-        if ok and len(ok) < len(gains):
-            gain += f"; {len(gains) - len(ok)} run(s) n/a (all-step gain <= 0)"
-        raw = "; ".join(f"{b * 60:+.4f} vs {a * 60:+.4f}" for b, a in gains)
-        rows.append([n, gain, raw, fmt_ratio(summarise(speed)),
+    for n in win["arms"]:
+        speed = median(base_iter) / median(win["iter_s"][n])
+        rows.append([n, _ratio(slopes[n]["partial"], slopes[BASE]["partial"], 6000),
+                     _ratio(slopes[n]["strict"], slopes[BASE]["strict"], 6000), f"{speed:.2f}x",
                      f">= {TARGETS['window']:.0f}x" if n.startswith("window") else "(variant)"])
-    iters = "; ".join(", ".join(f"{n}: {len(r['iter_s'][n])}" for n in res["arms"]) for r in res["runs"])
-    return "\n".join([md_table(["comparison (B over A = all steps)", "reward gain per training second, B / A",
-                                "raw gains per training minute, B vs A (per seed)",
-                                "iterations per second, B / A", "target"], rows), "",
-                      (f"Iterations each arm ran within its budget (per seed): {iters}. The gain per second is the "
-                      f"least-squares slope of the evaluation reward on the arm's own training seconds.")])
+    trail = lambda c, m: " -> ".join(f"{acc[m]:.3f}" for _, _, acc in c)
+    raw = [[n, c[-1][1], f"{c[-1][0]:.0f}", f"{trail(c, 'partial')} ({change(c, 'partial')})",
+            f"{trail(c, 'strict')} ({change(c, 'strict')})"] for n, c in curves.items()]
+    md = "\n".join([
+        md_table(["comparison (B over A = all steps)",
+                  "partial-accuracy gain per training second, B / A (points per minute)",
+                  "strict-accuracy gain per training second, B / A (points per minute)",
+                  "iterations per second, B / A (median iteration)", "target"], rows), "",
+        md_table(["arm", "iterations", "training seconds",
+                  "partial accuracy at 0, 1/2, 1 of the budget (change, points +- s.e.)", "strict accuracy"], raw), "",
+        ("The all-step arm is (a)'s independent arm (same settings and seed; its training seconds, warm-up "
+         "included, set the budget of the others). Gain per second = least-squares slope of accuracy on the arm's "
+         "own training seconds (evaluation excluded).")])
+    return md, {"curves": curves, "slopes": slopes}
 
 
-def plots(tree: dict, figs: dict, window: dict) -> list[str]:
+def plots(figs: dict, curves: dict) -> list[str]:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.2))
     names = list(figs)
@@ -374,107 +387,134 @@ def plots(tree: dict, figs: dict, window: dict) -> list[str]:
     for i, n in enumerate(names):
         ax.text(figs[n]["sec"], i, f"  {int(figs[n]['roll'])}+{int(figs[n]['train'])} evals", va="center")
     ax.set_xlabel("seconds per training iteration (median, this machine)")
-    ax.set_title("Flow: tree vs independent rollouts, equal leaves and steps")
-    ax.set_xlim(0, 1.35 * max(figs[n]["sec"] for n in names))
-    ax.legend(loc="upper right")
+    ax.set_title("Flow (ShapesWorld): tree vs independent, equal leaves and steps")
+    ax.set_xlim(0, 1.45 * max(figs[n]["sec"] for n in names))
+    ax.legend(loc="lower right")
     paths = [save_plot(fig, "flow_tree")]
-    fig, ax = plt.subplots(figsize=(6, 3.2))
-    for i, r in enumerate(window["runs"]):
-        for j, (n, c) in enumerate(r["curves"].items()):
-            ax.plot([p[0] for p in c], [p[1] for p in c], f"C{j}{'-' if i == 0 else '--'}", marker="o",
-                    label=n if i == 0 else None)
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    for j, (n, c) in enumerate(curves.items()):
+        for metric, style in (("partial", "-"), ("strict", ":")):
+            ax.plot([p[0] for p in c], [p[2][metric] for p in c], f"C{j}{style}", marker="o",
+                    label=f"{n}, {metric}")
     ax.set_xlabel("training seconds spent by the arm")
-    ax.set_ylabel("evaluation reward (ODE, fixed noises)")
-    ax.set_title("Flow: reward vs wall time (solid: seed 0, dashed: other seeds)")
-    ax.legend()
+    ax.set_ylabel("validation accuracy (ODE, fixed noises)")
+    ax.set_title("Flow (ShapesWorld): accuracy vs training time")
+    ax.legend(fontsize=7)
     paths.append(save_plot(fig, "flow_window"))
     return [p.name for p in paths]
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller model and budgets: a smoke run of the script")
-    ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--budget", type=float, default=None, help="training seconds per arm in part (b)")
+    ap.add_argument("--quick", action="store_true", help="fewer prompts, iterations and eval images: a smoke run")
+    ap.add_argument("--rounds", type=int, default=None, help="counted round-robin iterations per arm in part (a)")
+    ap.add_argument("--budget", type=float, default=None,
+                    help="training seconds per arm in part (b) (default: what (a)'s independent arm spent)")
     args = ap.parse_args(argv)
     quiet_process()
     quiet()
     t_start = time.perf_counter()
-    width, layers = (32, 1) if args.quick else (64, 2)
-    repeats = args.repeats or (2 if args.quick else 5)
-    budget = args.budget or (4.0 if args.quick else 15.0)
-    seeds = [0] if args.quick else [0, 1]
-    setting = {"prompts": PROMPTS, "steps": 8 if args.quick else 16, "group": 8 if args.quick else 16,
-               "prompts_per_iter": 1, "lora_rank": 0, "lr": 3e-2, "reward": register_brightness(),
-               "prune_depths": [2, 3] if args.quick else [3, 4], "window": 2 if args.quick else 4,
-               "window_every": 5}
-    note = f"a tiny random SD3 built by this script, reward = mean brightness ({shapes_note()})"
-    model = bench_model(width, layers)
+    from pipelines.flow.build import shapes_prompts
+
+    base = yaml.safe_load(RECIPE.read_text())
+    setting = {"prompts_per_iter": 2 if args.quick else 4, "rounds": args.rounds or (2 if args.quick else 10),
+               "warmup": 1, "k_chunk": 1, "seed": 0}
+    spec = val_spec(base)
+    records = shapes_prompts(spec)
+    per_prompt = 2 if args.quick else 8
+    if args.quick:
+        records = records[::5]
+    evaluator = Evaluator(records, per_prompt)
     gflops = matmul_gflops()
-    evaluate = lambda run: eval_reward(run, prompts=PROMPTS, per_prompt=2 if args.quick else 4)
     with tempfile.TemporaryDirectory(prefix="bench_flow_") as tmp:
-        tree = bench_tree(model, setting, Path(tmp), repeats=repeats, evaluate=evaluate)
-        fwd = forward_flops(tree["arms"]["independent"].run)
-        n_params = tree["arms"]["independent"].run.policy.num_params["transformer"]
-        tree_md, extra = tree_section(tree, setting, fwd, gflops)
-        window = bench_window(model, setting, Path(tmp), budget=budget, seeds=seeds, evaluate=evaluate)
-    window_md = window_section(window)
-    pngs = plots(tree, extra["figs"], window)
-    n_eval = len(PROMPTS) * (2 if args.quick else 4)
+        probe = make_run(Path(tmp) / "base", base, plan=None, plan_kwargs=None, setting=setting, seed=0)
+        base_acc = evaluator(probe)  # every arm starts from these weights (LoRA B = 0), so one evaluation serves all
+        fwd = forward_flops(probe)
+        n_params = probe.policy.num_params
+        del probe
+        tree = bench_tree(base, setting, Path(tmp), evaluator, base_acc)
+        budget = args.budget or tree["arms"]["independent"].spent
+        win = bench_window(base, setting, Path(tmp), evaluator, base_acc, budget)
+    tree_md, extra = tree_section(tree, setting, fwd, gflops)
+    window_md, wextra = window_section(tree, win)
+    pngs = plots(extra["figs"], wextra["curves"])
+    kw, g = base["pipeline"]["kwargs"], base["sample"]["group_size"]
     cmd = f"python bench/flow.py{' --quick' if args.quick else ''}"
     setting_md = (
-        f"Setting: {note}. SD3Transformer2DModel width {width}, {layers} layer(s) ({n_params / 1e6:.2f} M "
-        f"parameters, full fine-tuning, AdamW lr {setting['lr']}), 32x32 px, {setting['steps']} denoising steps, "
-        f"{setting['group']} leaves per prompt, {setting['prompts_per_iter']} prompt per iteration, Flow-GRPO SDE "
-        f"(noise 0.7), clipped loss, one update per rollout, no KL. Reward gains are measured on {n_eval} "
-        f"deterministic (ODE) samples from fixed noises, the same for every arm.")
+        f"Setting: every arm is `configs/flow/shapes_t2i.yaml` (the `make demo` recipe) with only the rollout plan "
+        f"changed: the shipped ShapesWorld text-to-image model (assets/shapes-t2i, SD3 transformer in pixel space, "
+        f"{n_params['transformer'] / 1e6:.2f} M parameters, LoRA r{kw['lora_rank']} = "
+        f"{n_params['trainable'] / 1e6:.2f} M trained, AdamW lr {base['optim']['lr']} {base['optim']['schedule']} "
+        f"over the recipe's {base['run']['steps']} steps), {kw['resolution']} px, {kw['num_steps']} denoising "
+        f"steps, CFG {kw['guidance_scale']} in rollout and training, {kw['sde']} SDE (noise {kw['noise_level']}), "
+        f"{g} samples per prompt, prompts from ShapesWorld's train split "
+        f"({kw['data'].split(':')[2].replace(',', ', ')}), reward = shapes_geneval partial credit (strict logged), "
+        f"GRPO advantages, clipped loss, one update per rollout, no KL. Changed from the recipe to fit the budget: "
+        f"{setting['prompts_per_iter']} prompts per iteration (the recipe has {base['sample']['batch_size'] // g}), "
+        f"k_chunk {setting['k_chunk']} in every arm (one trained step per backward: with k_chunk null the all-step "
+        f"arm's 8-step backward ran about 2x slower per transition on this CPU, which would flatter the others), "
+        f"seed {setting['seed']}. Evaluation: {len(records)} prompts of `{spec}` (never trained on) x {per_prompt} "
+        f"fixed seeds = {len(records) * per_prompt} images, ODE sampling, strict and partial verifier accuracy "
+        f"(about {median(evaluator.seconds):.0f} s per evaluation, excluded from every timing).")
+    wa = WINDOW_ARMS["window (MixGRPO)"][1]
     window_title = (
-        f"### (b) Window (MixGRPO, {setting['window']} SDE steps of {setting['steps']}, moving every "
-        f"{setting['window_every']} iterations) and few-step (Flow-GRPO-Fast, 2 SDE steps) vs all-step training, "
-        f"{budget:.0f} training seconds per arm, seeds {seeds}")
+        f"### (b) Window (MixGRPO: SDE on {wa['window_size']} of {kw['num_steps']} steps, ODE outside, moving every "
+        f"{wa['window_every']} iterations) and few-step (Flow-GRPO-Fast as the recipe runs it: "
+        f"{kw['plan_kwargs']['sde_steps']} SDE step, branch at step {kw['plan_kwargs']['branch_range']}) vs "
+        f"all-step training, {budget:.0f} training seconds per arm")
     md = "\n".join([
-        "## Flow: tree vs independent rollouts; window and few-step vs all-step training", "",
+        "## Flow: tree vs independent rollouts; window and few-step vs all-step training (ShapesWorld)", "",
         f"`{cmd}`, {now_utc()}, {time.perf_counter() - t_start:.0f} s. Machine: {machine()}.", "",
         setting_md, "",
-        "### (a) Tree (BranchGRPO) vs independent rollouts, equal leaves and steps", "", tree_md, "",
-        window_title, "", window_md, "",
+        (f"### (a) Tree (BranchGRPO) vs independent rollouts, {g} leaves and {kw['num_steps']} steps each, "
+         f"{setting['rounds']} counted round-robin iterations per arm after {setting['warmup']} warm-up"), "",
+        tree_md, "", window_title, "", window_md, "",
         "Plots: " + ", ".join(f"![{p}](plots/{p})" for p in pngs), "",
         "### Targets (issue 9) and what stands in the way", "",
-        _verdict(tree, extra, window),
+        _verdict(tree, extra, wextra, win),
     ])
     path = write_section("flow", md)
     print(md)
     print(f"\nwrote {path}")
 
 
-def _verdict(tree: dict, extra: dict, window: dict) -> str:
-    t, tp = tree["pairs"]["tree"]["median"], tree["pairs"]["tree, depth-pruned"]["median"]
-    runs, w = window["runs"], "window (MixGRPO)"
-    w_speed = median([median(r["iter_s"]["all steps"]) / median(r["iter_s"][w]) for r in runs])
-    gains = [(r["slopes"][w], r["slopes"]["all steps"]) for r in runs]
-    ratios = [b / a for b, a in gains if a > 0]
-    if ratios:
-        g = median(ratios)
-        met = "met" if g >= TARGETS["window"] else "missed"
-        w_line = f"measured {g:.2f}x ({met}, median of {len(ratios)} seed(s))"
+def _verdict(tree: dict, extra: dict, wextra: dict, win: dict) -> str:
+    t, tp, lt = tree["pairs"]["tree"], tree["pairs"]["tree, pruned"], tree["pairs"]["tree, late splits"]
+    figs = extra["figs"]
+    ind, tr = figs["independent"], figs["tree"]
+    w = "window (MixGRPO)"
+    sl = wextra["slopes"]
+    a, b = sl[BASE]["partial"], sl[w]["partial"]
+    if a > 0:
+        w_line = f"measured {b / a:.2f}x ({'met' if b / a >= TARGETS['window'] else 'missed'}, partial accuracy)"
     else:
-        w_line = "not measurable in this run (the all-step arm gained nothing within its budget)"
-    steady = all(b > 0 and a > 0 for b, a in gains)
+        w_line = (f"not measurable as a ratio: the all-step arm's partial accuracy moved {a * 6000:+.2f} points per "
+                  f"minute (<= 0) against the window's {b * 6000:+.2f}")
+    speed = median([o["seconds"] for o in tree["outs"]["independent"]]) / median(win["iter_s"][w])
+    z = lambda d, se: abs(d) / se if se > 0 else (0.0 if d == 0 else float("inf"))
+    zmax = lambda curves: max(z(*delta(c, m)) for c in curves for m in ("partial", "strict"))
+    z_a, z_b = zmax([arm.curve for arm in tree["arms"].values()]), zmax(wextra["curves"].values())
+    stable = lambda z: f"{z:.1f} standard errors" + ("; so the ratios are not yet stable figures" if z < 2 else "")
     return "\n".join([
-        (f"- Tree >= 3x faster per iteration at equal leaves and steps: measured {t:.2f}x "
-        f"({'met' if t >= TARGETS['tree'] else 'missed'}); with depth pruning {tp:.2f}x. The rollout saving is "
-        f"real (see the evaluation counts) but the update dominates the iteration, and the engine trains each "
-        f"shared transition once per leaf below it. Training distinct transitions once would give about "
-        f"{extra['projection']:.1f}x (projection); width pruning (back-propagating a subset of leaves) is not "
-        f"implemented yet. Reward gain per iteration (one run per arm) is in the table."),
-        f"- Window >= 2x reward gain per second: {w_line}. Window iterations are {w_speed:.2f}x faster: only the "
-        f"window's steps are back-propagated, while the rollout still evaluates every step (MixGRPO-Flash's "
-        f"higher-order ODE solver outside the window is not implemented). The gains come from a random tiny model "
-        f"and a bench-only brightness reward over a short budget"
-        + ("; every run gained on both sides, but the spread between seeds is wide." if steady else
-           "; runs disagree in sign, so the ratio is not yet a stable figure.")
-        + " A stable figure needs a re-run on the ShapesWorld text-to-image model (assets/shapes-t2i, which the "
-        "flow pipeline loads: configs/flow/shapes_t2i.yaml) with shapes_geneval and longer budgets.",
+        (f"- Tree >= 3x faster per iteration at equal leaves and steps: measured {t['median']:.2f}x "
+         f"({'met' if t['median'] >= TARGETS['tree'] else 'missed'}; min {t['min']:.2f}, max {t['max']:.2f}); with "
+         f"width and depth pruning {tp['median']:.2f}x. The rollout saving is real ({ind['roll'] / tr['roll']:.2f}x "
+         f"fewer rollout evaluations; update {tr['update_s']:.1f} s against independent's {ind['update_s']:.1f} s, "
+         f"{int(tr['trained'])} trained transitions against {int(ind['trained'])}). With splits at "
+         f"{sorted(tree['arms']['tree'].plan.branches)} the tree has only {extra['bound']['tree']:.2f}x fewer "
+         f"distinct transitions than independent rollouts and {extra['bound']['roll']:.2f}x fewer rollout "
+         f"evaluations, which cap the counted work's saving at "
+         f"{max(extra['bound']['tree'], extra['bound']['roll']):.2f}x whatever the engine does; 3x at equal leaves "
+         f"and steps needs fewer distinct transitions (late splits: {lt['median']:.2f}x measured, bounds "
+         f"{extra['bound']['late']:.2f}x trained and {extra['bound']['roll_late']:.2f}x rollout) or pruning (fewer "
+         f"backward passes). "
+         f"Gain per iteration: the largest accuracy change in (a) is {stable(z_a)}."),
+        (f"- Window >= 2x reward gain per second: {w_line}. Window iterations are {speed:.2f}x faster: only the "
+         f"window's {WINDOW_ARMS[w][1]['window_size']} steps are back-propagated, but the rollout still evaluates "
+         f"every step ({median(win['roll_s'][w]):.1f} of its {median(win['iter_s'][w]):.1f} s per iteration; "
+         f"MixGRPO-Flash's higher-order ODE solver outside the window is not implemented), so 2x per second needs "
+         f"a gain per iteration at least {TARGETS['window'] / speed:.2f}x all-step's. One seed and a short budget: "
+         f"the largest accuracy change in (b) is {stable(z_b)}."),
     ])
 
 
