@@ -389,7 +389,7 @@ def plots(figs: dict, curves: dict) -> list[str]:
     ax.set_xlabel("seconds per training iteration (median, this machine)")
     ax.set_title("Flow (ShapesWorld): tree vs independent, equal leaves and steps")
     ax.set_xlim(0, 1.45 * max(figs[n]["sec"] for n in names))
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper right")
     paths = [save_plot(fig, "flow_tree")]
     fig, ax = plt.subplots(figsize=(6, 3.4))
     for j, (n, c) in enumerate(curves.items()):
