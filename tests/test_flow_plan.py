@@ -97,6 +97,23 @@ def test_same_noise_branches_at_step_zero():
     assert plan.roots == 1 and plan.branches == {0: 4} and plan.group_size == 4
 
 
+def test_same_noise_window_shares_the_ode_prefix():
+    # MixGRPO with one noise per group: steps 0-1 are ODE from the same noise, so the group splits at step 2 (its
+    # first SDE step) and the prefix runs once per prompt; step 2's velocity is shared too (the members differ only by
+    # their step-2 noise): 3 + 4 * 3 = 15 calls per prompt, not 6 * 4 = 24
+    plan, trained = _plan("independent", train="window", window_size=2, window_every=3, iteration=7, same_noise=True,
+                          num_steps=T + 2)
+    assert plan.branches == {2: 4} and plan.roots == 1
+    assert P.count_nfe(plan, 2) == 2 * (3 + 4 * 3)
+    sig = sde.sigmas(T + 2, 3.0)
+    res = P.execute(plan, seeds=[1, 2], shape=(2, 3), sigmas=sig, trained=trained, velocity=_velocity,
+                    step=sde.step, noise_level=0.7)
+    assert res.nfe == 30
+    x_in = res.x_t[:, 0]  # [N, 2, 3] latents entering step 2: one per prompt, shared by its 4 members
+    assert torch.equal(x_in[:4], x_in[:1].expand(4, 2, 3)) and not torch.equal(x_in[0], x_in[4])
+    assert not torch.equal(res.x_next[0, 0], res.x_next[1, 0])  # members differ from their first SDE step on
+
+
 def test_random_fraction_trains_k_steps_per_sample():
     _, trained = _plan("independent", train="random", fraction=0.5)
     assert (trained.sum(1) == 3).all()  # round(0.5 * 6)

@@ -299,7 +299,11 @@ def independent(*, num_steps: int, group_size: int, sde: str, iteration: int, sa
     else:
         raise ValueError(f"plan train={train!r} is not a step selection; choose all, random or window")
     kinds = tuple(sde if on else "ode" for on in sde_steps)
-    plan = RolloutPlan(kinds, roots=1, branches={0: group_size}) if same_noise else RolloutPlan(kinds, roots=group_size)
+    if same_noise:  # one noise per group: the ODE steps before the first SDE step are identical, so run them once
+        first = next((t for t, kind in enumerate(kinds) if kind != "ode"), 0)
+        plan = RolloutPlan(kinds, roots=1, branches={first: group_size})
+    else:
+        plan = RolloutPlan(kinds, roots=group_size)
     mask = torch.tensor(trained).repeat(len(seeds) * group_size, 1)  # [N, T]
     if rows is not None:
         for i, r in enumerate(rows):
