@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted((ROOT / "configs" / "video").glob("*.yaml"))
 LETTERS = "{name: video_test_letters, weight: 1.0}"
 IOU = "{name: temporal_iou, weight: 1.0}"
+R05 = "{name: temporal_iou, label: r@0.5, weight: 0.0, kwargs: {recall_at: 0.5}}"
 SHORT_GT = "<answer>{start:.0f} to {end:.0f}</answer>"
 """8 byte-level tokens (<answer>, "2 to 4", </answer>): TempSamp's injected answer fits max_new_tokens=8"""
 
@@ -53,7 +54,10 @@ def _tiny(cache: str, out: Path, model: str = "tiny-random-qwen2-vl") -> list[st
             f"rewards=[{LETTERS}, {IOU}]"]
 
 
+TEMPSAMP = ["pipeline.kwargs.inject_ground_truth=true", "algo.advantage=tempsamp",
+            "algo.advantage_kwargs={column: 1, threshold: 0.8, alpha: 1.0, baseline: group}"]
 METHODS = {
+    "tempsamp": TEMPSAMP,
     "grpo": ["pipeline.kwargs.inject_ground_truth=false", "algo.advantage=grpo", "algo.advantage_kwargs={}"],
     "tgrpo_generate": ["pipeline.kwargs.inject_ground_truth=false", "pipeline.kwargs.temporal=generate",
                        f"rewards=[{LETTERS}, {IOU}, {{name: temporal_contrast, weight: 1.0}}]",
@@ -78,6 +82,22 @@ def test_every_recipe_validates():
         assert cfg.pipeline.name == "video"
         text = path.read_text()
         assert text.startswith("#") and "Run:" in text and "Expected:" in text
+
+
+def test_grounding_recipe_starts_from_the_shipped_model_and_its_tempsamp_variant_fits(cache):
+    """The CPU recipe trains assets/shapes-video; its documented TempSamp variant builds as written: the default
+    injected answer (31 tokens) fits the recipe's max_new_tokens=32 (a longer one is a start-up error)."""
+    from pipelines.video.build import build_video
+
+    path = ROOT / "configs" / "video" / "shapes_grounding.yaml"
+    assert load_config(path).pipeline.kwargs["model"] == "assets/shapes-video"
+    cfg = load_config(path, TEMPSAMP + [f"pipeline.kwargs.model={ROOT / 'assets' / 'shapes-video'}",
+                                        f"pipeline.kwargs.cache_dir={cache}", "pipeline.kwargs.train_size=4",
+                                        "pipeline.kwargs.eval_size=1"])
+    task = build_video(seed=0, device=torch.device("cpu"), **cfg.pipeline.kwargs)
+    r = task.policy.rollout(task.train_data[:1], 2, [3])
+    assert r.extras["injected"].tolist() == [False, True] and r.samples[1].startswith("<think>Find the event.</think>")
+    assert int(r.extras["lengths"][1]) == 31 <= cfg.pipeline.kwargs["max_new_tokens"]
 
 
 def _initial_weights(cfg) -> dict[str, torch.Tensor]:
@@ -106,7 +126,8 @@ def _two_steps(cfg, out: Path) -> list[dict]:
 def test_recipe_two_training_steps(cache, tmp_path, recipe):
     cfg = load_config(ROOT / "configs" / "video" / recipe, _tiny(cache, tmp_path))
     rows = _two_steps(cfg, tmp_path)
-    assert rows[0]["gt/logp_mean"] < 0  # the injected ground truth was scored by the rollout policy
+    if cfg.pipeline.kwargs.get("inject_ground_truth"):
+        assert rows[0]["gt/logp_mean"] < 0  # the injected ground truth was scored by the rollout policy
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -115,11 +136,24 @@ def test_method_two_training_steps(cache, tmp_path, method):
     rows = _two_steps(cfg, tmp_path)
     if method == "tgrpo_logp_gap":
         assert all(abs(r["temporal/gap_mean"]) < 50 for r in rows)
+    if method == "tempsamp":
+        assert rows[0]["gt/logp_mean"] < 0  # the injected ground truth was scored by the rollout policy
     if method == "reg_grpo_augment":
         assert "reg/sq_err" in rows[0] and "augment/hard_frac" in rows[0]
 
 
 def test_tempsamp_on_qwen25(cache, tmp_path):
     cfg = load_config(ROOT / "configs" / "video" / "shapes_grounding.yaml",
-                      _tiny(cache, tmp_path, model="tiny-random-qwen2.5-vl"))
+                      _tiny(cache, tmp_path, model="tiny-random-qwen2.5-vl") + TEMPSAMP)
     _two_steps(cfg, tmp_path)
+
+
+def test_demo_prints_before_and_after(cache, tmp_path, capsys):
+    from pipelines.video import demo
+
+    demo.main([str(ROOT / "configs" / "video" / "shapes_grounding.yaml"), *_tiny(cache, tmp_path),
+               "pipeline.kwargs.eval_size=2", f"rewards=[{IOU}, {R05}]"])
+    out = capsys.readouterr().out
+    assert "before (ckpt=none)" in out and "mIoU" in out and "R@0.5" in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("eval mIoU ") and " -> " in last and "in 2 steps" in last
