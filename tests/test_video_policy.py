@@ -93,6 +93,27 @@ def test_temporal_generate_and_augment(cache):
     assert "Hint: the event lasts about" in task.policy.tokenizer.decode(ids)
 
 
+def test_augmentation_keeps_generate_calls_equal_across_fsdp_ranks(cache, monkeypatch):
+    # under FSDP another rank re-posed 5 groups; this one re-poses 2 (both groups hard): it must add 3 dummy calls
+    task = build_video(seed=0, device=torch.device("cpu"), model="tiny-random-qwen2-vl", cache_dir=cache,
+                       augment=True, augment_easy_min=2.0, augment_hard_max=1.0, **SMALL)
+    pol = task.policy
+    seen = []
+    real_match = pol._match_generate_calls
+    monkeypatch.setattr(pol, "_match_generate_calls", lambda n, enc: seen.append(n) or real_match(n, enc))
+    calls = []
+    real = pol._sample
+    monkeypatch.setattr(pol, "_sample", lambda enc, n, seed: calls.append(n) or real(enc, n, seed))
+    pol.rollout(task.train_data[:2], 2, [5, 6])
+    assert seen == [2] and calls == [2, 2, 2, 2]  # (first pass + re-posed) per group; one process: no padding
+    calls.clear()
+    pol._synced_gpus = True  # as if FSDP-sharded; generate itself is not run with synced_gpus here (no peers)
+    monkeypatch.setattr(torch.distributed, "all_reduce", lambda t, op=None: t.fill_(5))
+    monkeypatch.setattr(pol, "_sample", lambda enc, n, seed: calls.append(n))
+    pol._match_generate_calls(2, {})
+    assert calls == [1, 1, 1]  # 5 - 2 single-sample calls
+
+
 def test_jsonl_records_charades_style_and_bad_rows(tmp_path, caplog):
     frames = np.zeros((8, 32, 32, 3), np.uint8)
     (tmp_path / "v").mkdir()

@@ -129,6 +129,16 @@ class VideoPolicy(VLMPolicy):
         comp, lengths = self._sample(enc, comp.shape[0], seed + 4)
         return enc, comp, lengths, view, level
 
+    def _match_generate_calls(self, resampled: int, enc: dict[str, Any]) -> None:
+        """Under FSDP each generate call all-gathers the sharded weights, so every rank must make as many calls: a rank
+        that re-posed fewer groups than another (augmentation is per group) runs the difference as 1-sample calls."""
+        if not self.synced_gpus():
+            return
+        most = torch.tensor([resampled], device=self.device)
+        torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
+        for _ in range(int(most) - resampled):
+            self._sample(enc, 1, 0)  # output discarded: only the collective calls matter
+
     def _ground_truth(self, record: dict[str, Any]) -> Tensor:
         """Token ids [1, T] of the injected ground-truth completion; ends at its stop string, or with EOS."""
         text = vm.ground_truth_text(record, span_template=self.m.span_template, answer_template=self.m.answer_template)
@@ -175,6 +185,8 @@ class VideoPolicy(VLMPolicy):
             comps.append(comp)
             lens.append(lengths)
             injected += flags
+        if levels:
+            self._match_generate_calls(sum(lv is not None for lv in levels), encs[-1])
         completions = self._pad_cat(comps, pad)  # [N, K]
         lengths = torch.cat(lens)  # [N]
         mask = torch.arange(completions.shape[1], device=completions.device)[None] < lengths[:, None]  # [N, K]
