@@ -157,3 +157,78 @@ def test_demo_prints_before_and_after(cache, tmp_path, capsys):
     assert "before (ckpt=none)" in out and "mIoU" in out and "R@0.5" in out
     last = out.strip().splitlines()[-1]
     assert last.startswith("eval mIoU ") and " -> " in last and "in 2 steps" in last
+
+
+def _header_variants(path: Path) -> dict[str, list[str]]:
+    """The `Variants:` block of a recipe header as {name: [override, ...]}: a variant starts where a name sits in
+    column 12, and an override is `section.key=value` with a brace-balanced value (notes in parentheses are skipped)."""
+    import re
+
+    lines = [ln for ln in path.read_text().splitlines() if ln.startswith("#")]
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("# Variants:"))
+    out: dict[str, list[str]] = {}
+    name = ""
+    for ln in lines[start:]:
+        if ln is not lines[start] and re.match(r"# [A-Z][a-z]+:", ln):  # the next header field
+            break
+        body = ln.replace("# Variants:", "#" + " " * 10, 1)
+        if len(body) > 12 and body[12] != " ":
+            name = re.match(r"\S+(?: \S+)?(?=\s{2,}|$)", body[12:]).group(0)
+            out[name] = []
+        text = body[12 + len(name):] if out[name] == [] else body
+        for m in re.finditer(r"(?<![\w.(])((?:pipeline|algo|rewards|sample|optim|run)[\w.]*)=", text):
+            i, depth = m.end(), 0
+            while i < len(text) and (depth or not text[i].isspace()):
+                depth += {"{": 1, "[": 1, "}": -1, "]": -1}.get(text[i], 0)
+                i += 1
+            out[name].append(text[m.start():i])
+    return out
+
+
+@pytest.mark.parametrize("recipe", [r.name for r in RECIPES])
+def test_header_variants_load_and_point_at_the_right_columns(recipe):
+    """Every variant the header documents is a valid override set, and its advantage reads the reward it means:
+    grpo_bonus's bonus column is temporal_contrast, tempsamp's IoU column is temporal_iou."""
+    path = ROOT / "configs" / "video" / recipe
+    variants = _header_variants(path)
+    assert {"T-GRPO", "Reg-GRPO"} <= set(variants) and all(variants.values())
+    for name, overrides in variants.items():
+        cfg = load_config(path, overrides)
+        names = [r.name for r in cfg.rewards]
+        kw = cfg.algo.advantage_kwargs
+        if cfg.algo.advantage == "grpo_bonus":
+            assert [names[c] for c in kw["bonus_columns"]] == ["temporal_contrast"], (name, names)
+            assert cfg.pipeline.kwargs["temporal"] in ("generate", "logp_gap"), name
+        if cfg.algo.advantage == "tempsamp":
+            assert names[kw.get("column", 0)] == "temporal_iou", (name, names)
+            assert cfg.pipeline.kwargs["inject_ground_truth"], name
+        if name in ("T-GRPO", "Reg-GRPO"):  # the paper methods on their own: no injected ground truth
+            assert not cfg.pipeline.kwargs["inject_ground_truth"], name
+        if cfg.algo.loss == "reg_grpo":
+            assert cfg.pipeline.kwargs["augment"], name
+
+
+def test_gpu_recipe_two_steps_on_charades_style_jsonl(cache, tmp_path):
+    """The GPU recipe's own data path: a Charades-STA-style JSONL ({video, query, timestamps}, paths relative to the
+    file) of real mp4 clips, a bad video skipped (skip_bad_videos: true), TempSamp as configured, two steps."""
+    import numpy as np
+
+    from pipelines.shapes.video import write_mp4
+
+    (tmp_path / "videos").mkdir()
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(4):
+        write_mp4(tmp_path / "videos" / f"c{i}.mp4", rng.integers(0, 256, (16, 64, 64, 3), dtype=np.uint8), 4)
+        rows.append({"video": f"videos/c{i}.mp4", "query": f"event {i}", "timestamps": [0.5 * i, 0.5 * i + 1.5]})
+    (tmp_path / "videos" / "broken.mp4").write_bytes(b"not an mp4")
+    rows.append({"video": "videos/broken.mp4", "query": "x", "timestamps": [0, 1]})
+    data = tmp_path / "train.jsonl"
+    data.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "run"
+    cfg = load_config(ROOT / "configs" / "video" / "qwen25vl_7b_charades.yaml",
+                      _tiny(cache, out, model="tiny-random-qwen2.5-vl")
+                      + [f"pipeline.kwargs.data={data}", "pipeline.kwargs.train_size=null"])
+    assert cfg.pipeline.kwargs["skip_bad_videos"] and cfg.pipeline.kwargs["inject_ground_truth"]
+    rows = _two_steps(cfg, out)
+    assert rows[0]["gt/logp_mean"] < 0
