@@ -301,3 +301,37 @@ def test_bad_edge_credit_fails_at_build_in_one_line(tiny):
     with pytest.raises(UserError, match="'independent' takes no keyword 'edge_credit'"):
         _task(tiny, plan="independent", plan_kwargs={"edge_credit": "once"})
 
+
+
+def test_prob_fusion_from_the_recipe_weighs_children_by_their_split_step_logp(tiny):
+    # BranchGRPO --tree_prob_weighted (anchors.md 4): r(node) = softmax(alpha * logp(child)) . r(child), the child's
+    # logp being its split step's transition. 2 roots, splits at steps 0 and 2 (fan-out 2): 8 leaves, depth-1 nodes
+    # {0,1} {2,3} {4,5} {6,7}; leaf logp at step 2 set to 0 except leaves 1 and 4 = log 3 (weights 0.25 / 0.75).
+    task = _task(tiny, prompts=["a"], plan_kwargs={"split_steps": [0, 2], "roots": 2, "fusion": "prob"})
+    pol = task.policy
+    ro = pol.rollout(PROMPTS[:1], 8, [3])
+    assert ro.extras["step"][0].tolist() == [0, 1, 2, 3]
+    ro.old_logp = torch.zeros(8, 4)
+    ro.old_logp[[1, 4], 2] = torch.log(torch.tensor(3.0))
+    rewards = torch.tensor([[0.0, 1.0, 2.0, 2.0, 1.0, 0.0, 0.0, 0.0]])
+    adv = pol.step_advantages(ro, rewards)  # [8, 4]
+    # depth 1 fused: [0.75 (0.25*0 + 0.75*1), 2, 0.75 (0.75*1 + 0.25*0), 0]; mean 0.875, unbiased var 2.0625/3,
+    # std 0.8291562: A = [-0.1507557, 1.3568010, -0.1507557, -1.0552897] (mean fusion would give [.5, 2, .5, 0])
+    depth1 = torch.tensor([-0.1507557, 1.3568010, -0.1507557, -1.0552897]).repeat_interleave(2)  # [8]
+    torch.testing.assert_close(adv[:, 0], depth1, rtol=0, atol=1e-5)
+    torch.testing.assert_close(adv[:, 1], depth1, rtol=0, atol=1e-5)
+    # depth 2 = the leaves: mean 0.75, unbiased var 5.5/7, std 0.8864053; leaf 0: -0.75 / 0.8864053
+    assert float(adv[0, 2]) == pytest.approx(-0.8461141, abs=1e-5) and float(adv[2, 3]) == pytest.approx(1.4101902,
+                                                                                                          abs=1e-5)
+    mean_adv = dataclasses.replace(pol.last_plan, fusion="mean")
+    pol.last_plan = mean_adv  # same rollout, mean fusion: depth 1 becomes [.5, 2, .5, 0] -> [-.2886751, 1.4433757, ...]
+    assert float(pol.step_advantages(ro, rewards)[0, 0]) == pytest.approx(-0.2886751, abs=1e-5)
+
+
+def test_prob_fusion_settings_are_checked():
+    with pytest.raises(ValueError, match="fusion='max' must be mean"):
+        _tree(4, 4, [0], split_steps=[0, 2], fusion="max")
+    with pytest.raises(ValueError, match=r"drops split steps \[2\]"):
+        _tree(4, 4, [0], split_steps=[0, 2], fusion="prob", prune_depths=[2])
+    plan, _ = _tree(4, 4, [0], split_steps=[0, 2], fusion="prob", fusion_alpha=2, prune_depths=[1])
+    assert plan.fusion == "prob" and plan.fusion_alpha == 2.0

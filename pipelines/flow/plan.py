@@ -63,6 +63,9 @@ class RolloutPlan:
     edge_credit: str = "per_leaf"
     """once: a transition shared by several leaves is one loss element (`credit_edges_once`); per_leaf: one per leaf
     below it. The tree plan defaults to once (BranchGRPO); other plans share no trained transition"""
+    fusion: str = "mean"
+    """BranchGRPO reward fusion up the tree (`node_rewards`): mean, or prob (softmax(fusion_alpha * child logp))"""
+    fusion_alpha: float = 1.0
 
     @property
     def num_steps(self) -> int:
@@ -359,7 +362,8 @@ def singular(*, num_steps: int, group_size: int, sde: str, iteration: int, same_
 def tree(*, num_steps: int, group_size: int, sde: str, iteration: int, same_noise: bool, seeds: list[int],
          split_steps: list[int] | None = None, fanout: int = 2, roots: int = 1,
          prune_depths: list[int] | None = None, width_prune: str | None = None,
-         width_keep: float = 1, edge_credit: str = "once") -> tuple[RolloutPlan, Tensor]:
+         width_keep: float = 1, edge_credit: str = "once", fusion: str = "mean",
+         fusion_alpha: float = 1.0) -> tuple[RolloutPlan, Tensor]:
     """BranchGRPO tree: `roots` noises per prompt, every node splits into `fanout` at each split step (arXiv:2509.06040).
 
     SDE at every step; steps at a depth listed in prune_depths are not trained (depth pruning cuts backward only).
@@ -369,6 +373,7 @@ def tree(*, num_steps: int, group_size: int, sde: str, iteration: int, same_nois
     per_leaf: every leaf trains its whole path, so an edge over L leaves weighs L times (a root edge of a 16-leaf tree
     16 times). The returned [N, T] mask is the leaf paths; the policy applies the edge credit to the rollout's mask.
     With once, a sequence-mean algo.aggregation would weigh an edge by 1 / (its row's edge count): use token_mean.
+    fusion mean | prob (BranchGRPO --tree_prob_weighted, alpha = fusion_alpha) fuses leaf rewards up the tree.
     """
     n_splits = round(math.log(group_size / roots, fanout)) if group_size % roots == 0 and fanout > 1 else -1
     if n_splits < 0 or roots * fanout ** n_splits != group_size:
@@ -378,15 +383,25 @@ def tree(*, num_steps: int, group_size: int, sde: str, iteration: int, same_nois
     if len(split_steps) != n_splits:
         raise ValueError(f"tree plan split_steps={split_steps} must list {n_splits} steps for group_size={group_size}")
     plan = RolloutPlan(tuple([sde] * num_steps), roots=roots, branches={int(s): fanout for s in split_steps},
-                       width_prune=width_prune, width_keep=width_keep, edge_credit=edge_credit)
+                       width_prune=width_prune, width_keep=width_keep, edge_credit=edge_credit, fusion=fusion,
+                       fusion_alpha=float(fusion_alpha))
     check_width(plan)
     if edge_credit not in EDGE_CREDIT:
         raise ValueError(f"tree plan edge_credit={edge_credit!r} must be one of {', '.join(EDGE_CREDIT)}")
+    if fusion not in ("mean", "prob"):
+        raise ValueError(f"tree plan fusion={fusion!r} must be mean (a node's reward is its leaves' mean) or prob "
+                         f"(softmax(fusion_alpha * child log-prob) weighted, BranchGRPO --tree_prob_weighted)")
     depth = depth_of_steps(plan)
     on = [int(depth[t]) not in set(prune_depths or ()) for t in range(num_steps)]
     k = sum(on)
     if k == 0:
         raise ValueError(f"tree plan prune_depths={prune_depths} prunes every step; keep at least one depth")
+    # prob fusion weighs the children made at split step s by its log-prob, needed if the parents' depth trains
+    lost = [s for s in plan.branches if fusion == "prob" and not on[s]
+            and any(on[t] and depth[t] == depth[s] - 1 for t in range(num_steps))]
+    if lost:
+        raise ValueError(f"tree plan fusion=prob weighs children by the log-prob of their split step, but "
+                         f"prune_depths={prune_depths} drops split steps {lost} whose parents train")
     return plan, torch.tensor(on).repeat(len(seeds) * group_size, 1)
 
 

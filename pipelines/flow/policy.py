@@ -295,13 +295,15 @@ class FlowPolicy:
         old = rollout.old_logp[idx].reshape(-1).to(device=out.logp.device, dtype=out.logp.dtype)  # [n * k]
         return _Filler(pos, n * k, out.logp.device, False)(old, out.logp).view(n, k)
 
-    def step_advantages(self, rollout: Rollout, rewards: Tensor, *, fusion: str = "mean") -> Tensor:
+    def step_advantages(self, rollout: Rollout, rewards: Tensor) -> Tensor:
         """BranchGRPO per-depth advantages [N, K] for the last rollout's plan from leaf rewards [B, G]; with
         granularities, G2RPO's summed per-granularity advantage of each member on its leaves' rows.
 
         Rewards are known only now, so rollout.mask is set here from the leaf paths (extras["path_mask"], else the
         rollout's mask): the plan's width_prune turns the pruned leaves' rows False, then edge_credit once keeps
-        each distinct edge in the first surviving leaf's row only. The rollout already evaluated every leaf."""
+        each distinct edge in the first surviving leaf's row only. The rollout already evaluated every leaf.
+        The plan's fusion (mean | prob) fuses rewards up the tree; prob weighs children by their split step's
+        sampling log-prob (rollout.old_logp, every leaf's whole path)."""
         if self.last_plan is None:
             raise ValueError("step_advantages needs a rollout first: call rollout() before it")
         plan, steps = self.last_plan, rollout.extras["step"]
@@ -313,7 +315,13 @@ class FlowPolicy:
         if plan.edge_credit == "once":
             mask = plans.credit_edges_once(plan, steps, mask, rewards.shape[1])  # [N, K]
         rollout.mask = mask
-        return plans.depth_advantages(plan, rewards, steps, fusion=fusion)
+        leaf_logp = None
+        if plan.fusion == "prob":  # each leaf's path log-probs by step; tree() keeps the split steps fusion needs
+            n, t = steps.shape[0], plan.num_steps
+            leaf_logp = torch.zeros(n, t).scatter(1, steps.cpu(), rollout.old_logp.float().cpu())  # [N, T]
+            leaf_logp = leaf_logp.view(*rewards.shape, t).to(rewards.device)  # [B, G, T]
+        return plans.depth_advantages(plan, rewards, steps, fusion=plan.fusion, leaf_logp=leaf_logp,
+                                      alpha=plan.fusion_alpha)
 
     # ---- weights
 

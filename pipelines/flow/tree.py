@@ -50,7 +50,7 @@ def node_rewards(plan, rewards: Tensor, *, fusion: str = "mean", leaf_logp: Tens
 
 
 def depth_advantages(plan, rewards: Tensor, steps: Tensor, *, fusion: str = "mean",
-                     leaf_logp: Tensor | None = None, eps: float = 1e-8) -> Tensor:
+                     leaf_logp: Tensor | None = None, alpha: float = 1.0, eps: float = 1e-8) -> Tensor:
     """Per-transition advantages [N, K]: each node's fused reward normalised against the nodes of its depth.
 
     A = (r_node - mean_depth) / (std_depth + eps) with the unbiased std; 0 where a depth has one node or std < 1e-6.
@@ -58,9 +58,10 @@ def depth_advantages(plan, rewards: Tensor, steps: Tensor, *, fusion: str = "mea
     Args:
         rewards: [B, G] leaf rewards.
         steps: [N, K] long, the step of each trained transition (as in PlanResult.steps).
+        leaf_logp, alpha: for fusion="prob", see `node_rewards`.
     """
     b, g = rewards.shape
-    fused = node_rewards(plan, rewards, fusion=fusion, leaf_logp=leaf_logp)
+    fused = node_rewards(plan, rewards, fusion=fusion, leaf_logp=leaf_logp, alpha=alpha)
     adv_by_depth = []
     for r in fused:  # [B, W]
         std = r.std(1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(r[:, :1])
