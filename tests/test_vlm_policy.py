@@ -1,4 +1,4 @@
-"""VLM policy on tiny random Qwen2-VL / Qwen2.5-VL: real processor round trip, exact first ratio, seeded rollouts,
+"""VLM policy on tiny random Qwen2-VL / Qwen2.5-VL / Qwen3-VL: real processor round trip, exact first ratio, seeded rollouts,
 stop handling, data errors naming the row, LoRA state round trip, and the offline-model error."""
 
 import json
@@ -15,7 +15,8 @@ from pipelines.vlm.build import build_vlm
 from pipelines.vlm.data import jsonl_records
 from pipelines.vlm.tiny import SPECIALS, TAGS, tiny_model_dir
 
-MODELS = ["tiny-random-qwen2-vl", "tiny-random-qwen2.5-vl"]
+MODELS = ["tiny-random-qwen2-vl", "tiny-random-qwen2.5-vl", "tiny-random-qwen3-vl"]
+CLASSES = {"tiny-random-qwen2-vl": "Qwen2VL", "tiny-random-qwen2.5-vl": "Qwen2_5_VL", "tiny-random-qwen3-vl": "Qwen3VL"}
 CPU = torch.device("cpu")
 
 
@@ -36,8 +37,7 @@ def test_tiny_model_loads_with_real_classes(cache, name):
     path = tiny_model_dir(name, cache)
     proc = AutoProcessor.from_pretrained(path)
     model = AutoModelForImageTextToText.from_pretrained(path)
-    assert type(proc).__name__ == ("Qwen2VLProcessor" if name.endswith("2-vl") else "Qwen2_5_VLProcessor")
-    assert type(model.config).__name__ == ("Qwen2VLConfig" if name.endswith("2-vl") else "Qwen2_5_VLConfig")
+    assert type(proc).__name__ == f"{CLASSES[name]}Processor" and type(model.config).__name__ == f"{CLASSES[name]}Config"
     tok = proc.tokenizer
     assert len(tok) == 256 + len(SPECIALS) + len(TAGS)
     assert tok.decode(tok("héllo <answer>2</answer>")["input_ids"]) == "héllo <answer>2</answer>"
@@ -46,7 +46,7 @@ def test_tiny_model_loads_with_real_classes(cache, name):
     text = proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
     assert text == "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Q<|im_end|>\n<|im_start|>assistant\n"
     enc = proc(text=[text], images=[Image.new("RGB", (32, 32))], return_tensors="pt")
-    # 32x32 is resized up to min_pixels 56x56: 4x4 patches of 14, merged 2x2 -> 4 image tokens
+    # 32x32 is resized up to min_pixels 56x56 (Qwen3-VL: 64x64): 4x4 patches of 14 (16), merged 2x2 -> 4 image tokens
     assert int((enc["input_ids"] == model.config.image_token_id).sum()) == 4
     assert tuple(enc["image_grid_thw"][0].tolist()) == (1, 4, 4)
 

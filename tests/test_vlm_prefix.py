@@ -1,5 +1,5 @@
 """Prefix-shared forward (Prefix Grouper, arXiv:2506.05433) == the plain batch, in outputs and gradients, on tiny
-random Qwen2-VL and Qwen2.5-VL with unequal completion lengths; the block mask, positions and chunked log-softmax."""
+random Qwen2-VL, Qwen2.5-VL and Qwen3-VL with unequal completion lengths; the block mask, positions and chunked log-softmax."""
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ from pipelines.vlm.prefix import (
 )
 from pipelines.vlm.tiny import tiny_model_dir
 
-MODELS = ["tiny-random-qwen2-vl", "tiny-random-qwen2.5-vl"]
+MODELS = ["tiny-random-qwen2-vl", "tiny-random-qwen2.5-vl", "tiny-random-qwen3-vl"]
 
 
 @pytest.fixture(scope="module")

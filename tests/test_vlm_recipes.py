@@ -1,5 +1,5 @@
-"""Every configs/vlm recipe validates, and two `mmgrpo.trainer.train` steps of each on tiny random Qwen2-VL and
-Qwen2.5-VL keep the loss finite and change the trainable weights (the TRL "params changed" pattern)."""
+"""Every configs/vlm recipe validates, and two `mmgrpo.trainer.train` steps of each on tiny random Qwen2-VL,
+Qwen2.5-VL and Qwen3-VL keep the loss finite and change the trainable weights (the TRL "params changed" pattern)."""
 
 import json
 from pathlib import Path
@@ -66,7 +66,7 @@ def _initial_weights(cfg) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.parametrize("recipe,model", [(r.name, "tiny-random-qwen2-vl") for r in RECIPES]
-                         + [("shapes_vqa.yaml", "tiny-random-qwen2.5-vl")])
+                         + [("shapes_vqa.yaml", "tiny-random-qwen2.5-vl"), ("shapes_vqa.yaml", "tiny-random-qwen3-vl")])
 def test_two_training_steps_change_weights(cache, tmp_path, recipe, model):
     cfg = load_config(ROOT / "configs" / "vlm" / recipe, _tiny(cache, tmp_path, model))
     before = _initial_weights(cfg)

@@ -117,7 +117,9 @@ pol._synced_gpus = None
 got = pol.rollout(records, 2, [rank])
 same = torch.equal(got.extras["completion_ids"], want.extras["completion_ids"])
 diff = float((got.old_logp - want.old_logp).abs().max())
-print(f"RESULT rank={rank} synced={pol.synced_gpus()} same={same} K={got.mask.shape[1]} diff={diff:.1e}", flush=True)
+result = f"RESULT rank={rank} synced={pol.synced_gpus()} same={same} K={got.mask.shape[1]} diff={diff:.1e}"
+with open(f"{sys.argv[2]}/rank{rank}.txt", "w") as f:  # a file per rank: the ranks' stdout lines can interleave
+    f.write(result)
 dist.barrier()
 dist.destroy_process_group()
 """
@@ -142,11 +144,10 @@ def test_rollout_under_fsdp2_with_ranks_finishing_apart(cache, tmp_path):
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
     res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          port, str(script), cache], env=env, capture_output=True, text=True, timeout=240,
+                          port, str(script), cache, str(tmp_path)], env=env, capture_output=True, text=True, timeout=240,
                          check=False)
     assert res.returncode == 0, res.stderr[-3000:]
-    lines = sorted(ln for ln in res.stdout.splitlines() if ln.startswith("RESULT"))
-    assert len(lines) == 2, res.stdout
+    lines = [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)]
     assert lines[0].startswith("RESULT rank=0 synced=True same=True K=2 diff=0.0e+00"), lines
     assert lines[1].startswith("RESULT rank=1 synced=True same=True") and "diff=0.0e+00" in lines[1], lines
     assert "K=2 " not in lines[1]  # rank 1 really sampled longer

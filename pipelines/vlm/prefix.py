@@ -3,7 +3,7 @@ memory-bounded log-softmax gather. Pure tensor plumbing around a transformers mo
 
 Shared layout, one row per prompt group: [prefix | c_1 | c_2 | ... | c_G] with a block mask, so the image and prompt
 are encoded once (vision tower included) and completion i attends to the prefix and causally to itself only.
-Position ids of every completion continue right after the prefix (M-RoPE text positions for Qwen2-VL / Qwen2.5-VL).
+Position ids of every completion continue right after the prefix (M-RoPE text positions of Qwen2/2.5/3-VL).
 """
 
 from typing import Any
@@ -14,7 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 TOKEN_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
 """processor outputs with one entry per prompt token; every other tensor (pixel_values, image_grid_thw...) is per image"""
-SHARED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+SHARED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 """model types whose forward takes a custom 4D mask and explicit M-RoPE positions (checked equal to the plain batch)"""
 
 

@@ -1,4 +1,4 @@
-"""Tiny random Qwen2-VL / Qwen2.5-VL checkpoints with an offline byte-level Qwen-style tokenizer and the real processor.
+"""Tiny random Qwen2-VL / Qwen2.5-VL / Qwen3-VL checkpoints with an offline byte-level Qwen-style tokenizer and the real processor.
 
 For tests and the CPU recipe only: weights are random; the directory loads through AutoProcessor/AutoModel as usual.
 """
@@ -7,7 +7,8 @@ import json
 import os
 from pathlib import Path
 
-TINY_MODELS = {"tiny-random-qwen2-vl": "qwen2_vl", "tiny-random-qwen2.5-vl": "qwen2_5_vl"}
+TINY_MODELS = {"tiny-random-qwen2-vl": "qwen2_vl", "tiny-random-qwen2.5-vl": "qwen2_5_vl",
+               "tiny-random-qwen3-vl": "qwen3_vl"}
 """model names the `vlm` builder creates on the fly (in a cache dir) instead of loading from the Hub"""
 
 TINY_VERSION = 1
@@ -63,8 +64,8 @@ def qwen_tokenizer(out_dir: str | os.PathLike):
 
 
 def _config(kind: str, tok):
-    """Qwen2-VL or Qwen2.5-VL config with hidden 64, 2 text layers, 2 vision blocks (about 0.2M parameters)."""
-    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig
+    """Qwen2-VL, Qwen2.5-VL or Qwen3-VL config with hidden 64, 2 text layers, 2 vision blocks (about 0.2M parameters)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig
 
     ids = {name: tok.convert_tokens_to_ids(name) for name in SPECIALS}
     text = {"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -79,6 +80,11 @@ def _config(kind: str, tok):
     if kind == "qwen2_vl":
         vision = {"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2, **common}
         return Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
+    if kind == "qwen3_vl":  # 16-pixel patches, interleaved M-RoPE, DeepStack features injected after vision block 0
+        text = {**text, "head_dim": 16, "rope_parameters": {**text["rope_parameters"], "mrope_interleaved": True}}
+        vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "out_hidden_size": 64, "num_heads": 2,
+                  "num_position_embeddings": 64, "deepstack_visual_indexes": [0], **common, "patch_size": 16}
+        return Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
     vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "out_hidden_size": 64, "num_heads": 2,
               "window_size": 56, "fullatt_block_indexes": [1], **common}
     return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
@@ -87,6 +93,12 @@ def _config(kind: str, tok):
 def _processor(kind: str, tok, *, min_pixels: int, max_pixels: int):
     from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
 
+    if kind == "qwen3_vl":
+        from transformers import Qwen3VLProcessor, Qwen3VLVideoProcessor
+
+        image = Qwen2VLImageProcessor(patch_size=16, min_pixels=min_pixels, max_pixels=max_pixels)
+        video = Qwen3VLVideoProcessor(patch_size=16, size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
+        return Qwen3VLProcessor(image_processor=image, tokenizer=tok, video_processor=video, chat_template=CHAT_TEMPLATE)
     image = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
     video = Qwen2VLVideoProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
     cls = Qwen2VLProcessor if kind == "qwen2_vl" else Qwen2_5_VLProcessor
@@ -94,10 +106,11 @@ def _processor(kind: str, tok, *, min_pixels: int, max_pixels: int):
 
 
 def save_tiny_vlm(out_dir: str | os.PathLike, kind: str = "qwen2_vl", *, seed: int = 0,
-                  min_pixels: int = 56 * 56, max_pixels: int = 112 * 112) -> str:
-    """Build a random tiny `kind` ("qwen2_vl" | "qwen2_5_vl") model + processor and save_pretrained both to out_dir.
+                  min_pixels: int | None = None, max_pixels: int | None = None) -> str:
+    """Build a random tiny `kind` ("qwen2_vl" | "qwen2_5_vl" | "qwen3_vl") model + processor; save_pretrained both.
 
-    Images are resized to between min_pixels and max_pixels (4 to 16 merged image tokens), which keeps CPU steps fast.
+    Images are resized to between min_pixels and max_pixels (default 2x2 to 4x4 merged patches of 28 pixels, or 32
+    for Qwen3-VL: 4 to 16 image tokens), which keeps CPU steps fast.
     Returns out_dir as a string, loadable with AutoProcessor / AutoModelForImageTextToText.from_pretrained.
     """
     import torch
@@ -107,6 +120,8 @@ def save_tiny_vlm(out_dir: str | os.PathLike, kind: str = "qwen2_vl", *, seed: i
         raise ValueError(f"kind={kind!r} must be one of {sorted(TINY_MODELS.values())}")
     import tempfile
 
+    merged = 32 if kind == "qwen3_vl" else 28  # patch 16 or 14, spatial merge 2
+    min_pixels, max_pixels = min_pixels or (2 * merged) ** 2, max_pixels or (4 * merged) ** 2
     out = Path(out_dir)
     with tempfile.TemporaryDirectory() as src:
         tok = qwen_tokenizer(src)
