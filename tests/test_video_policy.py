@@ -178,3 +178,42 @@ def test_evaluation_rollouts_inject_no_ground_truth(cache):
     r = pol.rollout(task.train_data[:1], 3, [5])
     assert r.extras["injected"].tolist() == [False, False, False]
     assert "temporal_gap" not in r.extras.get("reward_fields", {}) and pol.m.temporal == "none"
+
+
+def test_second_per_grid_ts_reaches_the_mrope_positions_and_the_logprobs(task25):
+    """Qwen2.5-VL spaces the temporal grids by second_per_grid_ts * tokens_per_second M-RoPE steps: 3.0 s * 4 = 12 for
+    this clip (4 of 24 frames at 4 fps, temporal patch 2); forcing 1.0 s gives 4. Both forwards must see it."""
+    from pipelines.vlm.prefix import mrope_positions
+
+    mod = task25.module
+    lm = mod.hf.model
+    assert lm.config.vision_config.tokens_per_second == 4
+    r = task25.policy.rollout(task25.train_data[:1], 2, [7])
+    enc = r.extras["prompt_enc"][0]
+    video = enc["input_ids"][0] == lm.config.video_token_id  # [Lp]
+    fake = {k: v for k, v in enc.items() if k != "_positions"}
+    fake["second_per_grid_ts"] = torch.tensor([1.0])
+    for e, step in ((enc, 12), (fake, 4)):
+        t = sorted(set(mrope_positions(lm, e)[0, video].tolist()))  # temporal ids of the video tokens
+        assert len(t) == 2 and t[1] - t[0] == step
+    for shared in (True, False):
+        mod.shared = shared
+        with torch.no_grad():
+            a, _ = mod([enc] * 2, r.extras["completion_ids"], r.extras["lengths"], shared=shared)
+            b, _ = mod([fake] * 2, r.extras["completion_ids"], r.extras["lengths"], shared=shared)
+        assert float((a - b)[r.mask].abs().max()) > 1e-6  # the model reads it (random weights: a small change)
+    mod.shared = True
+
+
+def test_vision_tower_once_per_group_in_the_rollout_too(cache):
+    """Generating G completions encodes the video once (not G times), and so does scoring them."""
+    task = build_video(seed=0, device=torch.device("cpu"), model="tiny-random-qwen2-vl", cache_dir=cache, **SMALL)
+    seen = []
+    visual = task.module.hf.model.visual
+    handle = visual.register_forward_pre_hook(lambda m, args, kw: seen.append(args[0].shape[0]), with_kwargs=True)
+    try:
+        r = task.policy.rollout(task.train_data[:2], 4, [1, 2])
+    finally:
+        handle.remove()
+    per_video = r.extras["prompt_enc"][0]["pixel_values_videos"].shape[0]
+    assert seen == [per_video, per_video, 2 * per_video]  # generate group 1, group 2; one scoring forward: 2 videos
