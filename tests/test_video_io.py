@@ -130,3 +130,40 @@ def test_check_videos_skips_with_a_logged_count(clip, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="pipelines.video.io"):
         assert io.check_videos(paths, skip=True) == [0]
     assert "skipped 2 of 3 videos" in caplog.text
+
+
+def test_fps_and_budget_indices_and_timestamps(clip):
+    # fps: 24 frames at 4 fps = 6 s at 1 fps -> T = 6: round(linspace(0, 23, 6)) = round([0, 4.6, 9.2, 13.8, 18.4, 23])
+    idx = io.sample_indices(24, 4.0, mode="fps", fps=1.0)
+    np.testing.assert_array_equal(idx, [0, 5, 9, 14, 18, 23])
+    # budget: T = 16 of 100 frames: round(6.6 k), k = 0..15
+    np.testing.assert_array_equal(
+        io.sample_indices(100, 4.0, mode="budget", token_budget=64, pixels_per_frame=56 * 56, max_frames=16),
+        [0, 7, 13, 20, 26, 33, 40, 46, 53, 59, 66, 73, 79, 86, 92, 99])
+    # segment-random on the 12-frame clip: the frames read are the ones drawn (red ~ 20 * index), at index / 4 s
+    path, _ = clip
+    idx = io.sample_indices(12, 4.0, num_frames=4, strategy="segment_random", seed=1)
+    assert all(3 * s <= i < 3 * (s + 1) for s, i in enumerate(idx))  # one per segment [0,3) [3,6) [6,9) [9,12)
+    frames, times = io.read_frames(path, idx)
+    assert np.abs(frames[..., 0].mean(axis=(1, 2)) - 20 * idx).max() < 4
+    np.testing.assert_allclose(times, idx / 4.0)
+
+
+def test_cache_is_invalidated_when_the_file_changes(tmp_path):
+    import os
+
+    path = tmp_path / "v.mp4"
+    _clip(path, n=6)
+    cache = tmp_path / "cache"
+    old, _ = io.read_frames(path, [5], cache_dir=cache)
+    assert abs(float(old[..., 0].mean()) - 100) < 4  # red = 20 * 5
+    frames = np.full((6, 32, 64, 3), 128, np.uint8)
+    frames[..., 0] = 10  # same size and length, other content
+    from pipelines.shapes.video import write_mp4
+
+    write_mp4(path, frames, 4)
+    st = os.stat(path)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # coarse fs clocks: make sure mtime moved
+    new, _ = io.read_frames(path, [5], cache_dir=cache)
+    assert abs(float(new[..., 0].mean()) - 10) < 4  # decoded again, not the stale entry
+    assert len(list(cache.glob("*.npz"))) == 2
