@@ -226,9 +226,12 @@ def test_gpu_recipe_two_steps_on_charades_style_jsonl(cache, tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text("\n".join(json.dumps(r) for r in rows))
     out = tmp_path / "run"
+    # the recipe's own frame sampling (2 fps: 4 s -> 8 frames) and pixel bounds, not the smoke-run overrides
+    keep = ("pipeline.kwargs.frame_mode", "pipeline.kwargs.min_pixels", "pipeline.kwargs.max_pixels")
     cfg = load_config(ROOT / "configs" / "video" / "qwen25vl_7b_charades.yaml",
-                      _tiny(cache, out, model="tiny-random-qwen2.5-vl")
+                      [o for o in _tiny(cache, out, model="tiny-random-qwen2.5-vl") if not o.startswith(keep)]
                       + [f"pipeline.kwargs.data={data}", "pipeline.kwargs.train_size=null"])
-    assert cfg.pipeline.kwargs["skip_bad_videos"] and cfg.pipeline.kwargs["inject_ground_truth"]
+    kw = cfg.pipeline.kwargs
+    assert kw["skip_bad_videos"] and kw["inject_ground_truth"] and kw["frame_mode"] == "fps"
     rows = _two_steps(cfg, out)
-    assert rows[0]["gt/logp_mean"] < 0
+    assert rows[0]["gt/logp_mean"] < 0 and rows[0]["video/frames_mean"] == 8
