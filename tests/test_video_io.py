@@ -167,3 +167,24 @@ def test_cache_is_invalidated_when_the_file_changes(tmp_path):
     new, _ = io.read_frames(path, [5], cache_dir=cache)
     assert abs(float(new[..., 0].mean()) - 10) < 4  # decoded again, not the stale entry
     assert len(list(cache.glob("*.npz"))) == 2
+
+
+def test_real_zero_frame_mp4_is_named_or_skipped(tmp_path, caplog):
+    """A header-only mp4 (a stream declared, no frame ever encoded) is an error naming it, not a crash."""
+    import av
+
+    path = tmp_path / "zero.mp4"
+    container = av.open(str(path), mode="w", format="mp4")
+    stream = container.add_stream("libx264", rate=4)
+    stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+    container.start_encoding()  # writes the header although no frame follows
+    for packet in stream.encode(None):  # flush only: nothing was encoded
+        container.mux(packet)
+    container.close()
+    assert path.stat().st_size > 0
+    with pytest.raises(UserError, match="zero.mp4") as err:
+        io.read_frames(path, [0])
+    assert "\n" not in str(err.value)
+    with caplog.at_level(logging.WARNING, logger="pipelines.video.io"):
+        assert io.check_videos([str(path)], skip=True) == []
+    assert "skipped 1 of 1 videos" in caplog.text
