@@ -243,3 +243,35 @@ def test_policy_masks_pruned_leaves_when_advantages_are_computed():
     assert ro.mask.any(1).tolist() == [False, True, False, True]
     # the advantages themselves are unchanged by pruning (values of test_depth_advantages_on_a_tree)
     torch.testing.assert_close(adv[:, 1], torch.tensor([-0.70711, -0.70711, 0.70711, 0.70711]), rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("plan,kw,match", [
+    ("independent", {"train": "window", "window_size": 99}, "window size=99"),
+    ("independent", {"train": "windo"}, "train='windo'"),
+    ("tree", {"width_prune": "bestt"}, "width_prune='bestt'"),
+    ("tree", {"split_steps": [0, 99]}, "branch 99"),
+    ("tree", {"fusion": "max"}, "fusion='max'"),
+    ("fast", {"branch_range": [0, 9]}, "branch_range"),
+    ("singular", {"branch_steps": [7]}, "branch_steps"),
+    ("singular", {"granularities": [1, 2], "branch_steps": [3]}, "tail after the SDE step"),
+])
+def test_bad_plan_values_fail_at_build_before_the_model_loads(plan, kw, match):
+    from mmgrpo.errors import UserError
+    from pipelines.flow.build import build_flow
+
+    # the model does not exist: the plan error must come first, in one line naming the field
+    with pytest.raises(UserError, match=match) as err:
+        build_flow(seed=0, device=torch.device("cpu"), model="nobody/not-a-model", prompts=["a"], num_steps=4,
+                   plan=plan, plan_kwargs=kw)
+    assert "\n" not in str(err.value) and str(err.value).startswith("pipeline.kwargs.plan_kwargs")
+
+
+def test_group_size_that_does_not_fit_the_plan_is_a_user_error_at_rollout():
+    from mmgrpo.errors import UserError
+    from pipelines.flow.build import build_flow
+
+    task = build_flow(seed=0, device=torch.device("cpu"), model="tiny:sd3", prompts=["a"], num_steps=4, resolution=32,
+                      max_sequence_length=8, lora_rank=4, guidance_scale=1.0, plan="tree",
+                      plan_kwargs={"split_steps": [0, 2]})
+    with pytest.raises(UserError, match=r"sample.group_size=6: tree plan: group_size=6 must equal"):
+        task.policy.rollout([{"prompt": "a"}], 6, [0])

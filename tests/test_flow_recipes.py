@@ -14,6 +14,7 @@ import pipelines.flow  # noqa: F401  registers the "flow" pipeline
 from mmgrpo import checkpoint
 from mmgrpo.config import load_config
 from mmgrpo.trainer import train
+from pipelines.flow.plan import make_plan
 
 RECIPES = sorted((Path(__file__).resolve().parents[1] / "configs" / "flow").glob("*.yaml"))
 
@@ -60,6 +61,14 @@ def test_recipe_validates(recipe):
     assert cfg.sample.batch_size % cfg.sample.group_size == 0
     text = recipe.read_text()
     assert text.startswith("#") and "\n# Run:" in text, "recipes open with a comment: what, how to run, what to expect"
+    # the recipe's own plan (the two-step test below shrinks it to 4 steps) fits its schedule and group size
+    kw, g = cfg.pipeline.kwargs, cfg.sample.group_size
+    t = kw.get("num_steps", 10)
+    plan, trained = make_plan(kw.get("plan", "independent"), num_steps=t, group_size=g, sde=kw.get("sde", "flow_grpo"),
+                              iteration=0, same_noise=kw.get("same_noise_per_group", False), seeds=[0, 1],
+                              **(kw.get("plan_kwargs") or {}))
+    plan.check()
+    assert plan.group_size == g and trained.shape == (2 * g, t) and bool(trained.any(1).all())
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.stem for p in RECIPES])

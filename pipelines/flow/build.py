@@ -153,6 +153,28 @@ def _check_plan(plan: str, plan_kwargs: dict, objective: str) -> None:
                         f"completions' rewards; objective nft trains no SDE step, drop granularities or use grpo")
 
 
+def _dry_run_plan(plan: str, plan_kwargs: dict, *, num_steps: int, sde: str, same_noise: bool) -> None:
+    """Build the plan once for a group size its own kwargs imply, so bad values (window past num_steps, split steps
+    out of range, an unknown width_prune...) fail before the model loads; the real group size is checked at rollout."""
+    from pipelines.flow import plan as plans
+
+    kw = dict(plan_kwargs)
+    if plan == "tree":  # group = roots * fanout^splits; without split_steps the group size decides them: one split
+        splits = len(kw["split_steps"]) if isinstance(kw.get("split_steps"), list | tuple) else 1
+        group = int(kw.get("roots", 1)) * int(kw.get("fanout", 2)) ** splits
+    elif plan == "singular" and isinstance(kw.get("granularities"), list | tuple):
+        group = max(1, len(kw["granularities"]))
+    else:
+        group = 1
+    try:
+        built, _ = plans.make_plan(plan, num_steps=num_steps, group_size=group, sde=sde, iteration=0,
+                                   same_noise=same_noise, seeds=[0], **kw)
+        built.check()  # branch points inside the schedule, SDE where a group splits
+    except (ValueError, TypeError) as err:
+        raise UserError(f"pipeline.kwargs.plan_kwargs ({plan_kwargs}) for plan {plan!r} with num_steps={num_steps}: "
+                        f"{' '.join(str(err).split())}") from None
+
+
 def _reward_inputs(reward_inputs: list[str] | str | None) -> list[str] | None:
     """The reward input kinds as a checked list (a single kind may be given as a string)."""
     from rewards.api import INPUTS
@@ -192,6 +214,7 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
     if num_steps < 1 or lora_rank < 0 or (k_chunk is not None and k_chunk < 1):
         raise UserError(f"pipeline.kwargs: num_steps ({num_steps}) must be >= 1, lora_rank ({lora_rank}) >= 0 "
                         f"(0 = full fine-tuning) and k_chunk ({k_chunk}) null or >= 1")
+    _dry_run_plan(plan, plan_kwargs or {}, num_steps=num_steps, sde=sde, same_noise=same_noise_per_group)
     if objective not in ("grpo", "nft") or not 1 <= nft_steps <= num_steps:
         raise UserError(f"pipeline.kwargs: objective ({objective!r}) must be grpo (SDE log-prob ratios, algo.loss "
                         f"clipped) or nft (DiffusionNFT, algo.loss nft), and nft_steps ({nft_steps}) in 1..num_steps "

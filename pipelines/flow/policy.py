@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mmgrpo.errors import UserError
 from mmgrpo.types import Rollout
 from pipelines.flow import plan as plans
 from pipelines.flow import sde
@@ -101,9 +102,13 @@ class FlowPolicy:
     def rollout(self, prompts: list[dict[str, Any]], group_size: int, seeds: list[int]) -> Rollout:
         texts = [str(p["prompt"]) for p in prompts]
         cond = self.model.encode(texts)  # [B, ...] per key
-        plan, trained = plans.make_plan(self.plan_name, num_steps=self.num_steps, group_size=group_size,
-                                        sde=self.sde_kind, iteration=self.iteration, same_noise=self.same_noise,
-                                        seeds=list(seeds), **self.plan_kwargs)
+        try:
+            plan, trained = plans.make_plan(self.plan_name, num_steps=self.num_steps, group_size=group_size,
+                                            sde=self.sde_kind, iteration=self.iteration, same_noise=self.same_noise,
+                                            seeds=list(seeds), **self.plan_kwargs)
+        except ValueError as err:  # the group size (known only here) does not fit the plan: say which fields
+            raise UserError(f"pipeline.kwargs.plan {self.plan_name!r} / plan_kwargs with sample.group_size="
+                            f"{group_size}: {' '.join(str(err).split())}") from None
         self.last_plan = plan
         device, dtype = self.model.device, self.model.dtype
         if self.objective == "nft":  # likelihood-free: no transition is kept, only the clean samples
