@@ -65,7 +65,21 @@ def _initial_weights(cfg) -> dict[str, torch.Tensor]:
     return task.policy.state_dict()
 
 
-@pytest.mark.parametrize("recipe,model", [(r.name, "tiny-random-qwen2-vl") for r in RECIPES]
+def _same_class(recipe: Path) -> str:
+    """The tiny random model of the recipe's own model class (assets/shapes-vlm is a Qwen2-VL)."""
+    model = load_config(recipe).pipeline.kwargs["model"].lower()
+    if "qwen3-vl" in model:
+        return "tiny-random-qwen3-vl"
+    return "tiny-random-qwen2.5-vl" if "qwen2.5-vl" in model else "tiny-random-qwen2-vl"
+
+
+def test_recipes_run_on_tiny_models_of_their_class():
+    assert {r.name: _same_class(r) for r in RECIPES} == {"qwen25vl_3b_geometry.yaml": "tiny-random-qwen2.5-vl",
+                                                         "qwen25vl_7b_mathvision.yaml": "tiny-random-qwen2.5-vl",
+                                                         "shapes_vqa.yaml": "tiny-random-qwen2-vl"}
+
+
+@pytest.mark.parametrize("recipe,model", [(r.name, _same_class(r)) for r in RECIPES]
                          + [("shapes_vqa.yaml", "tiny-random-qwen2.5-vl"), ("shapes_vqa.yaml", "tiny-random-qwen3-vl")])
 def test_two_training_steps_change_weights(cache, tmp_path, recipe, model):
     cfg = load_config(ROOT / "configs" / "vlm" / recipe, _tiny(cache, tmp_path, model))
