@@ -33,6 +33,9 @@ def _overrides(cfg, out: Path) -> list[str]:
     video = kind == "wan"
     reward = ("[{name: video_frames, kwargs: {image_reward: jpeg_compressibility, num_frames: 2}}]" if video
               else "[{name: jpeg_compressibility}]")
+    if len(cfg.rewards) > 1:  # several rewards (GDPO): keep two, one of them Pref-GRPO's pairwise win rate
+        reward = ("[{name: jpeg_compressibility, weight: 1.0}, {name: pairwise, weight: 0.5, "
+                  "kwargs: {base: jpeg_incompressibility}}]")
     plan_kw = dict(kw.get("plan_kwargs") or {})
     if kw.get("plan") == "tree":
         plan_kw = {"split_steps": [0, 2], "fanout": 2}
@@ -90,6 +93,9 @@ def test_recipe_trains_two_steps_on_tiny_model(recipe, tmp_path, monkeypatch):
         assert steps and all(f"ratio/{s}/{x}" in first for s in steps for x in ("std", "clip_upper", "clip_lower"))
         assert all(first[f"ratio/{s}/clip_upper"] == 0.0 for s in steps)
     assert all(torch.isfinite(torch.tensor(r["loss/policy"])) for r in rows)
+    if len(cfg.rewards) > 1:  # both scored every step; P_ij + P_ji = 1, so a group's win rates average exactly 0.5
+        assert all(r["reward/pairwise/mean"] == pytest.approx(0.5) and "reward/jpeg_compressibility/mean" in r
+                   for r in rows)
     weights = load_file(str(checkpoint.list_checkpoints(tmp_path / "checkpoints")[-1] / "weights.safetensors"))
     task_module_init = _initial_weights(cfg)
     changed = [k for k in weights if not torch.equal(weights[k], task_module_init[k])]
