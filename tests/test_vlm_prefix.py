@@ -167,6 +167,29 @@ def test_supports_shared_falls_back_cleanly(cache):
     assert not ok and "llava" in why
 
 
+def test_builder_falls_back_to_the_plain_batch(cache, monkeypatch):
+    """prefix_sharing=auto on a model without the block-mask support trains on the plain batch (first ratio exactly
+    1); prefix_sharing=on refuses it in one line naming the fix."""
+    from mmgrpo.errors import UserError
+    from pipelines.vlm import prefix
+    from pipelines.vlm.build import build_vlm
+
+    kw = {"seed": 0, "device": torch.device("cpu"), "cache_dir": cache, "train_size": 2, "eval_size": 1,
+          "max_new_tokens": 6}
+    assert build_vlm(**kw).module.shared  # supported: on by default
+    monkeypatch.setattr(prefix, "SHARED_MODEL_TYPES", ("llava",))  # as if qwen2_vl had no block-mask support
+    task = build_vlm(**kw)
+    assert task.module.shared is False
+    calls = []
+    plain = prefix.plain_inputs
+    monkeypatch.setattr(prefix, "plain_inputs", lambda *a, **k: calls.append(1) or plain(*a, **k))
+    ro = task.policy.rollout(task.train_data[:1], 3, [0])
+    logp, _ = task.policy.logp(task.module, ro, torch.arange(3))
+    assert calls and torch.equal(logp[ro.mask], ro.old_logp[ro.mask])
+    with pytest.raises(UserError, match="prefix_sharing=on but model type 'qwen2_vl'.*set prefix_sharing=auto or off"):
+        build_vlm(**kw, prefix_sharing="on")
+
+
 def test_lengths_out_of_range_raise(cache):
     proc, model = _load(cache, MODELS[0])
     enc = _enc(proc, "Q", (32, 32))

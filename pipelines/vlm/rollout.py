@@ -127,9 +127,10 @@ def hf_generate_group(policy: Any, enc: dict[str, Any], group_size: int, seed: i
     with torch.random.fork_rng(devices=devices):  # HF sampling draws from the global RNG: seed it per prompt
         torch.manual_seed(seed)
         # through Task.module's forward, so an FSDP2 root gathers its own weights (embeddings, patch embedding,
-        # lm_head) as in training; sharded layers gather in their own hooks, in lockstep thanks to synced_gpus
+        # lm_head) as in training; sharded layers gather in their own hooks, in lockstep thanks to synced_gpus.
+        # None rather than False: transformers then applies its own check (DeepSpeed ZeRO-3 shards weights too)
         out = policy.module(generate={**gen_in, "generation_config": policy._generation_config(group_size),
-                                      "stopping_criteria": [stops], "synced_gpus": policy.synced_gpus()})
+                                      "stopping_criteria": [stops], "synced_gpus": policy.synced_gpus() or None})
     comp = out.sequences[:, lp:]  # [G, T]
     t = comp.shape[1]
     done = stops.done_at if stops.done_at is not None else torch.full((group_size,), -1)
