@@ -57,6 +57,23 @@ def test_ratio_is_one_before_any_update(tiny, plan, plan_kwargs):
         torch.testing.assert_close(torch.exp(lp - old), torch.ones_like(old), rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("sde_kind,reduce", [("dance", "mean"), ("cps", "mean"), ("flow_grpo", "sum")])
+@pytest.mark.parametrize("plan,plan_kwargs", [("independent", {"train": "all"}), ("tree", {"split_steps": [0, 2]})])
+def test_ratio_is_one_for_every_sde_kind_and_reduction(tiny, sde_kind, reduce, plan, plan_kwargs):
+    # the noise scale that sampled is the one that scores: same sde kind, noise level and reduction in logp()
+    task = _build(tiny["sd3"], sde=sde_kind, noise_level=0.8, reduce=reduce, plan=plan, plan_kwargs=plan_kwargs,
+                  guidance_scale=3.0)
+    r = task.policy.rollout(_records(), 4, [5, 6])
+    lp, _ = task.policy.logp(task.module, r, torch.arange(8))
+    assert bool(r.mask.any())
+    if reduce == "sum":  # |logp| ~ 1e3 here, where float32's spacing is ~1e-4: equal to a few ulps, not to 1e-5
+        torch.testing.assert_close(lp, r.old_logp, rtol=1e-6, atol=1e-5)
+    else:
+        torch.testing.assert_close(torch.exp(lp - r.old_logp), torch.ones_like(lp), rtol=0, atol=1e-5)
+    if sde_kind == "cps":  # CPS's last step has std = sigma_next sin(.) = 0: deterministic, never trained
+        assert not r.mask[:, -1].any()
+
+
 @pytest.mark.parametrize("kind", ["sd3", "flux", "wan"])
 def test_rollout_is_rank_independent_and_samples_are_pixels(tiny, kind):
     pol = _build(tiny[kind], same_noise_per_group=True).policy
