@@ -218,3 +218,58 @@ def test_builder_registered_and_kwargs_checked():
         PIPELINES.check_kwargs("vlm", {"lora_rnak": 8}, skip=("seed", "device", "dtype"))
     with pytest.raises(UserError, match="temperature"):
         build_vlm(seed=0, device=CPU, temperature=0.0)
+
+
+def test_hf_dataset_records_name_bad_rows_and_roll_out(cache, tmp_path, monkeypatch):
+    """data=hf:NAME[:SPLIT] through a fake `datasets` module (the package is not installed here): decoded, byte and
+    path images; bad rows named by split and index, or skipped and counted; splits; missing package; load errors."""
+    import io
+    import sys
+    from types import ModuleType
+
+    from pipelines.vlm.data import hf_records, load_image, load_records
+
+    png = io.BytesIO()
+    Image.fromarray(np.full((30, 40, 3), 7, np.uint8)).save(png, format="PNG")
+    rows = [{"image": Image.fromarray(np.full((32, 32, 3), 200, np.uint8)), "problem": "q0", "answer": 3, "id": "a"},
+            {"images": [{"bytes": png.getvalue(), "path": None}], "question": "q1", "solution": "B"},
+            {"image": {"bytes": b"junk", "path": None}, "question": "q2", "answer": "x", "id": "bad"},
+            {"image": str(tmp_path / "missing.png"), "question": "q3", "answer": "y"}]
+    calls = []
+    fake = ModuleType("datasets")
+    fake.load_dataset = lambda name, split: calls.append((name, split)) or rows
+    fake.load_from_disk = lambda path: {"train": rows[:2], "test": rows[:1]}
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    with pytest.raises(UserError, match=r"hf:org/geo \[train\] row 2 \(id 'bad'\): image bytes cannot be read"):
+        hf_records("hf:org/geo", split="train")
+    with pytest.warns(UserWarning, match=r"hf:org/geo \[train\]: skipped 2 row\(s\).*first: row 2"):
+        recs = hf_records("hf:org/geo", split="train", skip_bad_images=True)
+    assert calls[-1] == ("org/geo", "train") and [r["prompt"] for r in recs] == ["q0", "q1"]
+    assert [r["answers"] for r in recs] == ["3", "B"] and recs[0]["id"] == "a"
+    assert np.asarray(load_image(recs[1]["image"])).shape == (30, 40, 3)
+    assert (np.asarray(load_image(recs[1]["image"])) == 7).all()
+    kw = {"size": None, "seed": 0, "resolution": 32, "question_types": None, "skip_bad_images": True, "field": "f"}
+    with pytest.warns(UserWarning, match="skipped 2"):
+        load_records("hf:org/geo", split="val", **kw)
+    assert calls[-1] == ("org/geo", "validation")  # our val split reads the dataset's validation split
+    assert len(load_records("hf:org/geo:test", split="val", **{**kw, "size": 1})) == 1
+    assert calls[-1] == ("org/geo", "test")
+    assert [r["prompt"] for r in load_records(f"hf:{tmp_path}:test", split="train", **kw)] == ["q0"]  # save_to_disk
+    with pytest.raises(UserError, match=r"could not be loaded \(KeyError: 'validation'\).*hf:NAME:SPLIT"):
+        load_records(f"hf:{tmp_path}", split="val", **kw)
+    # the policy samples from decoded and byte images alike
+    with pytest.warns(UserWarning, match="skipped 2"):
+        task = _task(cache, data="hf:org/geo", train_size=None, skip_bad_images=True)
+    ro = task.policy.rollout(task.train_data, 2, [0, 1])
+    assert len(ro.samples) == 4 and ro.mask[:, 0].all()
+
+    def offline(name, split):
+        raise ConnectionError(f"offline mode is enabled: {name}")
+
+    fake.load_dataset = offline
+    with pytest.raises(UserError) as err:
+        hf_records("hf:org/other", split="train")
+    assert "\n" not in str(err.value) and "ConnectionError" in str(err.value) and "HF_HUB_OFFLINE" in str(err.value)
+    monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
+    with pytest.raises(UserError, match="needs the datasets package"):
+        hf_records("hf:org/geo", split="train")
