@@ -120,6 +120,22 @@ def test_shared_equals_plain_for_each_attention(cache, attn):
     model.set_attn_implementation("sdpa")
 
 
+def test_shared_equals_plain_for_a_qwen3_vl_video(cache):
+    """Qwen3-VL video prompts carry per-frame timestamps and split video_grid_thw in get_rope_index; the video
+    pipeline turns prefix sharing on through the same switch, so the shared rows must match there too."""
+    proc, model = _load(cache, "tiny-random-qwen3-vl")
+    msgs = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": "When?"}]}]
+    text = proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    frames = np.random.default_rng(0).integers(0, 255, (8, 64, 64, 3), dtype=np.uint8)
+    meta = [{"fps": 2.0, "total_num_frames": 8, "frames_indices": list(range(8))}]
+    enc = dict(proc(text=[text], videos=[frames], return_tensors="pt", do_sample_frames=False, video_metadata=meta))
+    assert "video_grid_thw" in enc and int(enc["video_grid_thw"][0, 0]) == 4  # 8 frames, temporal patch 2
+    comps, lengths = torch.randint(0, 256, (3, 6)), torch.tensor([6, 2, 4])
+    run = [completion_logp(model.model, model.lm_head, [enc] * 3, comps, lengths, shared=s, pad_id=0)[0].detach()
+           for s in (False, True)]
+    torch.testing.assert_close(run[1], run[0], rtol=1e-5, atol=1e-5)
+
+
 def test_group_indices_by_shared_encoding():
     a, b = {"x": 1}, {"x": 1}  # equal content, different prompts
     assert group_indices([a, b, a, b, b]) == [[0, 2], [1, 3, 4]]
