@@ -74,6 +74,22 @@ def test_ratio_is_one_for_every_sde_kind_and_reduction(tiny, sde_kind, reduce, p
         assert not r.mask[:, -1].any()
 
 
+def test_same_noise_window_after_step_zero_splits_there_with_ratio_one(tiny):
+    # MixGRPO window on steps 1-2 with one noise per group: the ODE step 0 runs once per prompt, the group splits at
+    # step 1 (its first SDE step); the stored transitions re-score to ratio 1
+    task = _build(tiny["sd3"], same_noise_per_group=True, plan="independent", guidance_scale=3.0,
+                  plan_kwargs={"train": "window", "window_size": 2, "window_every": 1})
+    task.policy.set_iteration(1)
+    r = task.policy.rollout(_records(), 4, [5, 6])
+    assert task.policy.last_plan.branches == {1: 4} and r.extras["step"][0].tolist() == [1, 2]
+    x1 = r.extras["x_t"][:, 0]  # [8, ...] latents entering step 1: one per prompt
+    assert torch.equal(x1[:4], x1[:1].expand_as(x1[:4])) and not torch.equal(x1[0], x1[4])
+    # steps 0 and 1 once per prompt (the split shares step 1's velocity), steps 2-3 per member: (1 + 1 + 4 * 2) / 4
+    assert r.metrics["rollout/nfe_per_sample"] == 2.5
+    lp, _ = task.policy.logp(task.module, r, torch.arange(8))
+    torch.testing.assert_close(torch.exp(lp - r.old_logp), torch.ones_like(lp), rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind", ["sd3", "flux", "wan"])
 def test_rollout_is_rank_independent_and_samples_are_pixels(tiny, kind):
     pol = _build(tiny[kind], same_noise_per_group=True).policy
