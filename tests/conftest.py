@@ -18,3 +18,11 @@ torch.set_num_threads(1)
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="session")
+def tiny_sd3(tmp_path_factory):
+    """A tiny random SD3 pipeline saved once per test session (pipelines.flow.tiny.save_tiny)."""
+    from pipelines.flow.tiny import save_tiny
+
+    return save_tiny("sd3", tmp_path_factory.mktemp("tiny_sd3") / "sd3")

@@ -9,38 +9,28 @@ import torch
 import pipelines.flow  # noqa: F401
 from mmgrpo.config import load_config
 from mmgrpo.evaluate import evaluate
-from pipelines.flow.build import build_flow
 from pipelines.flow.compare import EVAL_OVERRIDES
 from pipelines.flow.policy import FlowPolicy
-from pipelines.flow.tiny import save_tiny
+from pipelines.flow.tiny import tiny_task
 
 PROMPTS = [{"prompt": "a red circle"}, {"prompt": "a blue square"}]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return save_tiny("sd3", tmp_path_factory.mktemp("tiny") / "sd3")
-
-
 def _policy(path, **kw):
-    base = {"seed": 0, "device": torch.device("cpu"), "model": path, "prompts": ["a"], "resolution": 32,
-            "num_steps": 4, "max_sequence_length": 8, "lora_rank": 4, "guidance_scale": 2.0}
-    base.update(kw)
-    torch.manual_seed(0)
-    return build_flow(**base)
+    return tiny_task(path, guidance_scale=2.0, **kw)
 
 
 @pytest.mark.parametrize("train_kw", [
     {"plan": "tree", "plan_kwargs": {"split_steps": [0, 2]}, "same_noise_per_group": True, "noise_level": 0.7},
     {"plan": "fast", "plan_kwargs": {"sde_steps": 1}, "sde": "dance", "noise_level": 0.3},
     {"objective": "nft", "same_noise_per_group": True}])
-def test_evaluation_rollout_is_compare_sampling(tiny, train_kw):
-    task = _policy(tiny, **train_kw)
+def test_evaluation_rollout_is_compare_sampling(tiny_sd3, train_kw):
+    task = _policy(tiny_sd3, **train_kw)
     pol = task.policy
     pol.for_evaluation()
     ro = pol.rollout(PROMPTS, 4, [5, 6])
     # what compare's overrides build: noise_level 0, independent plan training every step, objective grpo
-    ref = _policy(tiny, **{**train_kw, "noise_level": 0.0, "plan": "independent", "plan_kwargs": {"train": "all"},
+    ref = _policy(tiny_sd3, **{**train_kw, "noise_level": 0.0, "plan": "independent", "plan_kwargs": {"train": "all"},
                            "objective": "grpo", "same_noise_per_group": False}).policy
     want = ref.rollout(PROMPTS, 4, [5, 6])
     for a, b in zip(ro.samples, want.samples):

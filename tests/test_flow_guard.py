@@ -11,24 +11,14 @@ import pipelines.flow  # noqa: F401
 from mmgrpo import losses
 from mmgrpo.errors import UserError
 from pipelines.flow import sde
-from pipelines.flow.build import build_flow
 from pipelines.flow.objectives import guard_log_ratio
-from pipelines.flow.tiny import save_tiny
+from pipelines.flow.tiny import tiny_task
 
 PROMPTS = [{"prompt": "a red circle"}, {"prompt": "a blue square"}]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return save_tiny("sd3", tmp_path_factory.mktemp("tiny") / "sd3")
-
-
 def _policy(path, **kw):
-    base = {"seed": 0, "device": torch.device("cpu"), "model": path, "prompts": ["a"], "resolution": 32,
-            "num_steps": 4, "max_sequence_length": 8, "lora_rank": 4, "guidance_scale": 1.0, "reference": False}
-    base.update(kw)
-    torch.manual_seed(0)
-    task = build_flow(**base)
+    task = tiny_task(path, **{"reference": False, **kw})
     return task.policy, task.module
 
 
@@ -40,8 +30,8 @@ def _nudge_lora(module):
                 p.add_(0.05 * torch.randn(p.shape, generator=g))
 
 
-def test_ratio_norm_passes_exact_inputs_and_equals_eps_dot_mean_shift(tiny):
-    pol, module = _policy(tiny, ratio_norm=True)
+def test_ratio_norm_passes_exact_inputs_and_equals_eps_dot_mean_shift(tiny_sd3):
+    pol, module = _policy(tiny_sd3, ratio_norm=True)
     r = pol.rollout(PROMPTS, 2, [3, 4])
     n, k = r.old_logp.shape
     assert r.extras["old_mean"].shape == r.extras["x_t"].shape
@@ -69,8 +59,8 @@ def test_ratio_norm_passes_exact_inputs_and_equals_eps_dot_mean_shift(tiny):
     torch.testing.assert_close(log_r, want, rtol=1e-3, atol=1e-6)
 
 
-def test_guard_step_weights_switch_scales_the_loss_by_one_over_dt(tiny):
-    pol, module = _policy(tiny, ratio_norm=True, step_weights="guard")
+def test_guard_step_weights_switch_scales_the_loss_by_one_over_dt(tiny_sd3):
+    pol, module = _policy(tiny_sd3, ratio_norm=True, step_weights="guard")
     r = pol.rollout(PROMPTS, 2, [3, 4])
     n, k = r.old_logp.shape
     _nudge_lora(module)
@@ -99,8 +89,8 @@ def test_guard_step_weights_switch_scales_the_loss_by_one_over_dt(tiny):
                                                                      ("mean", "std", "clip_upper", "clip_lower")}
 
 
-def test_noise_aware_and_normalized_weights_follow_the_schedule(tiny):
-    pol, module = _policy(tiny, step_weights="noise_aware")
+def test_noise_aware_and_normalized_weights_follow_the_schedule(tiny_sd3):
+    pol, module = _policy(tiny_sd3, step_weights="noise_aware")
     r = pol.rollout(PROMPTS, 2, [3, 4])
     n = r.old_logp.shape[0]
     _, aux = pol.logp(module, r, torch.arange(n))
@@ -113,7 +103,7 @@ def test_noise_aware_and_normalized_weights_follow_the_schedule(tiny):
     inner = s < 1  # sigma = 1 is special-cased by Flow-GRPO (sde.flow_grpo); check the others by hand
     hand = (s / (1 - s) * (s - s_next)).sqrt()
     torch.testing.assert_close((std / std.mean())[inner], (hand / std.mean() * 0.7)[inner], rtol=1e-9, atol=0)
-    pol2, module2 = _policy(tiny, step_weights="guard_normalized")
+    pol2, module2 = _policy(tiny_sd3, step_weights="guard_normalized")
     r2 = pol2.rollout(PROMPTS, 2, [3, 4])
     _, aux2 = pol2.logp(module2, r2, torch.arange(n))
     table = 1 / (s - s_next)
@@ -121,8 +111,8 @@ def test_noise_aware_and_normalized_weights_follow_the_schedule(tiny):
                                rtol=1e-6, atol=0)
 
 
-def test_plain_policy_passes_no_loss_kwargs(tiny):
-    pol, module = _policy(tiny)
+def test_plain_policy_passes_no_loss_kwargs(tiny_sd3):
+    pol, module = _policy(tiny_sd3)
     r = pol.rollout(PROMPTS, 2, [3, 4])
     assert "old_mean" not in r.extras
     _, aux = pol.logp(module, r, torch.arange(4))
@@ -131,6 +121,6 @@ def test_plain_policy_passes_no_loss_kwargs(tiny):
 
 @pytest.mark.parametrize("kw,match", [({"step_weights": "dt"}, "step_weights"),
                                       ({"objective": "nft", "ratio_norm": True}, "ratio_norm")])
-def test_guard_switches_are_validated(tiny, kw, match):
+def test_guard_switches_are_validated(tiny_sd3, kw, match):
     with pytest.raises(UserError, match=match):
-        _policy(tiny, **kw)
+        _policy(tiny_sd3, **kw)

@@ -16,9 +16,8 @@ from mmgrpo.trainer import _loss_for
 from mmgrpo.types import Rollout
 from pipelines.flow import plan as P
 from pipelines.flow import sde
-from pipelines.flow.build import build_flow
 from pipelines.flow.policy import FlowPolicy
-from pipelines.flow.tiny import save_tiny
+from pipelines.flow.tiny import tiny_task
 
 
 def _tree(num_steps, group_size, seeds, **kw):
@@ -130,18 +129,8 @@ def test_step_advantages_applies_pruning_then_credit_and_is_idempotent():
 PROMPTS = [{"prompt": "a red circle"}, {"prompt": "a blue square"}]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return save_tiny("sd3", tmp_path_factory.mktemp("tiny") / "sd3")
-
-
 def _task(path, **kw):
-    base = {"seed": 0, "device": torch.device("cpu"), "model": path, "prompts": ["a"], "resolution": 32,
-            "num_steps": 4, "max_sequence_length": 8, "lora_rank": 4, "guidance_scale": 1.0, "plan": "tree",
-            "plan_kwargs": {"split_steps": [0, 2]}}
-    base.update(kw)
-    torch.manual_seed(0)
-    return build_flow(**base)
+    return tiny_task(path, **{"plan": "tree", "plan_kwargs": {"split_steps": [0, 2]}, **kw})
 
 
 def _nudge(module, scale=0.05):
@@ -178,8 +167,8 @@ def _trainer_grads(task, ro, adv, mask, g, k_chunk, micro):
 
 @pytest.mark.parametrize("g,plan_kwargs", [(4, {"split_steps": [0, 2]}),
                                            (8, {"split_steps": [0, 1, 2], "width_prune": "branch_best"})])
-def test_loss_gradient_equals_a_hand_built_per_edge_loss_float64(tiny, g, plan_kwargs):
-    task = _task(tiny, dtype=torch.float64, plan_kwargs=plan_kwargs)
+def test_loss_gradient_equals_a_hand_built_per_edge_loss_float64(tiny_sd3, g, plan_kwargs):
+    task = _task(tiny_sd3, dtype=torch.float64, plan_kwargs=plan_kwargs)
     pol, module = task.policy, task.module
     ro = pol.rollout(PROMPTS, g, [3, 4])
     rewards = torch.rand(2, g, generator=torch.Generator().manual_seed(g), dtype=torch.float64)  # [B, G]
@@ -224,8 +213,8 @@ def test_loss_gradient_equals_a_hand_built_per_edge_loss_float64(tiny, g, plan_k
     assert max(float((per_leaf[n] - want[n]).abs().max()) for n in want) > 0.05 * scale
 
 
-def test_logp_scores_only_trained_pairs_and_matches_the_full_computation(tiny):
-    task = _task(tiny, ratio_norm=True, step_weights="guard", reference=True)
+def test_logp_scores_only_trained_pairs_and_matches_the_full_computation(tiny_sd3):
+    task = _task(tiny_sd3, ratio_norm=True, step_weights="guard", reference=True)
     pol, module = task.policy, task.module
     ro = pol.rollout(PROMPTS, 4, [3, 4])
     n, k = ro.mask.shape
@@ -281,8 +270,8 @@ def test_logp_scores_only_trained_pairs_and_matches_the_full_computation(tiny):
         hook.remove()
 
 
-def test_tree_rollout_ratio_is_one_with_pruning_and_chunks(tiny):
-    task = _task(tiny, plan_kwargs={"split_steps": [0, 2], "width_prune": "extremes", "prune_depths": [1]})
+def test_tree_rollout_ratio_is_one_with_pruning_and_chunks(tiny_sd3):
+    task = _task(tiny_sd3, plan_kwargs={"split_steps": [0, 2], "width_prune": "extremes", "prune_depths": [1]})
     pol = task.policy
     ro = pol.rollout(PROMPTS, 4, [7, 8])
     pol.step_advantages(ro, torch.tensor([[0.1, 0.4, 0.3, 0.9], [0.5, 0.2, 0.6, 0.0]]))
@@ -293,21 +282,21 @@ def test_tree_rollout_ratio_is_one_with_pruning_and_chunks(tiny):
         torch.testing.assert_close(torch.exp(lp - old), torch.ones_like(old), rtol=0, atol=1e-5)
 
 
-def test_bad_edge_credit_fails_at_build_in_one_line(tiny):
+def test_bad_edge_credit_fails_at_build_in_one_line(tiny_sd3):
     from mmgrpo.errors import UserError
 
     with pytest.raises(UserError, match=r"plan_kwargs.edge_credit \('twice'\) must be once"):
-        _task(tiny, plan_kwargs={"split_steps": [0, 2], "edge_credit": "twice"})
+        _task(tiny_sd3, plan_kwargs={"split_steps": [0, 2], "edge_credit": "twice"})
     with pytest.raises(UserError, match="'independent' takes no keyword 'edge_credit'"):
-        _task(tiny, plan="independent", plan_kwargs={"edge_credit": "once"})
+        _task(tiny_sd3, plan="independent", plan_kwargs={"edge_credit": "once"})
 
 
 
-def test_prob_fusion_from_the_recipe_weighs_children_by_their_split_step_logp(tiny):
+def test_prob_fusion_from_the_recipe_weighs_children_by_their_split_step_logp(tiny_sd3):
     # BranchGRPO --tree_prob_weighted (anchors.md 4): r(node) = softmax(alpha * logp(child)) . r(child), the child's
     # logp being its split step's transition. 2 roots, splits at steps 0 and 2 (fan-out 2): 8 leaves, depth-1 nodes
     # {0,1} {2,3} {4,5} {6,7}; leaf logp at step 2 set to 0 except leaves 1 and 4 = log 3 (weights 0.25 / 0.75).
-    task = _task(tiny, prompts=["a"], plan_kwargs={"split_steps": [0, 2], "roots": 2, "fusion": "prob"})
+    task = _task(tiny_sd3, prompts=["a"], plan_kwargs={"split_steps": [0, 2], "roots": 2, "fusion": "prob"})
     pol = task.policy
     ro = pol.rollout(PROMPTS[:1], 8, [3])
     assert ro.extras["step"][0].tolist() == [0, 1, 2, 3]
