@@ -8,7 +8,10 @@ import importlib
 from mmgrpo.registry import Registry
 
 PIPELINES = Registry("pipeline")
-"""builder(*, seed: int, device: torch.device, dtype: torch.dtype, **pipeline.kwargs) -> mmgrpo.types.Task"""
+"""builder(*, seed: int, device: torch.device, dtype: torch.dtype, **pipeline.kwargs) -> mmgrpo.types.Task.
+
+Optional meta `check=fn(**pipeline.kwargs)`: the pipeline's own cheap checks, run by validation before any model
+loads (raise UserError / ValueError naming the field)."""
 
 RESERVED_BUILD_KWARGS = ("seed", "device", "dtype")
 

@@ -135,6 +135,14 @@ def _validate_components(cfg: Config) -> None:
     load_plugins()
     _check_name(PIPELINES, cfg.pipeline.name, "pipeline.name")
     _check_kwargs(PIPELINES, cfg.pipeline.name, cfg.pipeline.kwargs, "pipeline.kwargs", skip=RESERVED_BUILD_KWARGS)
+    check = PIPELINES.meta(cfg.pipeline.name).get("check")  # a pipeline's own cheap checks (flow: plan_kwargs)
+    if check is not None:
+        try:
+            check(**{k: v for k, v in cfg.pipeline.kwargs.items() if k not in RESERVED_BUILD_KWARGS})
+        except UserError:
+            raise
+        except ValueError as err:
+            raise UserError(f"pipeline.kwargs: {err}") from None
     import rewards
 
     for i, spec in enumerate(cfg.rewards):

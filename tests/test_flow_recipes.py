@@ -109,3 +109,16 @@ def _initial_weights(cfg) -> dict[str, torch.Tensor]:
     torch.manual_seed(cfg.run.seed)
     task = PIPELINES.get("flow")(seed=cfg.run.seed, device=torch.device("cpu"), **cfg.pipeline.kwargs)
     return task.policy.state_dict()
+
+
+@pytest.mark.parametrize("override,match", [
+    ("pipeline.kwargs.plan_kwargs={trian: all}", "takes no keyword 'trian'"),
+    ("pipeline.kwargs.sde=ode", "must be a stochastic flow step"),
+    ("pipeline.kwargs.plan_kwargs={sde_steps: 1, branch_range: [0, 9]}", "branch_range"),
+])
+def test_config_command_checks_flow_kwargs_without_loading_a_model(capsys, override, match):
+    from mmgrpo.cli import main as cli_main
+
+    assert cli_main(["config", str(RECIPES[0].parent / "shapes_t2i.yaml"), override]) == 2
+    err = capsys.readouterr().err.strip()
+    assert match in err and len(err.splitlines()) == 1 and "Traceback" not in err

@@ -3,14 +3,14 @@
 Light to import: registering the "flow" builder imports no diffusers; `build_flow` imports it when called.
 """
 
-from pipelines.flow.build import build_flow
+from pipelines.flow.build import build_flow, check_flow_kwargs
 
 
 def _register() -> None:
     from mmgrpo.plugins import PIPELINES
 
     if "flow" not in PIPELINES:
-        PIPELINES.register("flow", build_flow)
+        PIPELINES.register("flow", build_flow, check=check_flow_kwargs)
 
 
 _register()

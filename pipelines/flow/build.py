@@ -3,6 +3,7 @@
 Light to import: diffusers and peft are imported inside `build_flow`, so `mmgrpo list pipelines` stays fast.
 """
 
+import inspect
 import json
 import os
 from pathlib import Path
@@ -188,6 +189,34 @@ def _reward_inputs(reward_inputs: list[str] | str | None) -> list[str] | None:
     return kinds
 
 
+def check_flow_kwargs(**given) -> None:
+    """The checks `build_flow` makes before loading anything; the engine's validation (`mmgrpo config`, `train`)
+    runs them too, with build_flow's defaults filled in, so a bad plan or step kind fails before any model loads."""
+    from pipelines.flow import sde as sde_mod
+
+    defaults = {n: p.default for n, p in inspect.signature(build_flow).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    kw = {**defaults, **given}
+    sde, plan, plan_kwargs, objective = kw["sde"], kw["plan"], kw["plan_kwargs"], kw["objective"]
+    num_steps, lora_rank, k_chunk, nft_steps = kw["num_steps"], kw["lora_rank"], kw["k_chunk"], kw["nft_steps"]
+    ratio_norm, step_weights, torch_dtype = kw["ratio_norm"], kw["step_weights"], kw["torch_dtype"]
+    same_noise_per_group = kw["same_noise_per_group"]
+    if sde not in sde_mod.STEPS or sde in ("ode", "ddim"):
+        raise UserError(f"pipeline.kwargs.sde ({sde!r}) must be a stochastic flow step: flow_grpo, dance or cps")
+    _check_plan(plan, plan_kwargs or {}, objective)
+    if num_steps < 1 or lora_rank < 0 or (k_chunk is not None and k_chunk < 1):
+        raise UserError(f"pipeline.kwargs: num_steps ({num_steps}) must be >= 1, lora_rank ({lora_rank}) >= 0 "
+                        f"(0 = full fine-tuning) and k_chunk ({k_chunk}) null or >= 1")
+    _dry_run_plan(plan, plan_kwargs or {}, num_steps=num_steps, sde=sde, same_noise=same_noise_per_group)
+    if objective not in ("grpo", "nft") or not 1 <= nft_steps <= num_steps:
+        raise UserError(f"pipeline.kwargs: objective ({objective!r}) must be grpo (SDE log-prob ratios, algo.loss "
+                        f"clipped) or nft (DiffusionNFT, algo.loss nft), and nft_steps ({nft_steps}) in 1..num_steps "
+                        f"({num_steps})")
+    _check_guard(objective, ratio_norm, step_weights)
+    if torch_dtype is not None and torch_dtype not in _DTYPES:
+        raise UserError(f"pipeline.kwargs.torch_dtype ({torch_dtype!r}) must be one of {sorted(_DTYPES)} or null")
+
+
 def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.float32, model: str = "",
                model_type: str | None = None, data: str | None = None, prompts: list | None = None,
                eval_data: str | None = None, eval_prompts: list | None = None, resolution: int | list[int] = 512,
@@ -204,25 +233,14 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
     reward_inputs: the input kinds of the configured rewards (rewards.api INPUTS); ["latent"] skips the VAE in
     rollouts (samples are the final latents). None decodes to pixels unless the engine reports the rewards' inputs
     through policy.set_reward_inputs."""
-    from pipelines.flow import sde as sde_mod
     from pipelines.flow.models import MODEL_TYPES, adapter_for, model_type_of, num_params
     from pipelines.flow.policy import FlowPolicy
 
-    if sde not in sde_mod.STEPS or sde in ("ode", "ddim"):
-        raise UserError(f"pipeline.kwargs.sde ({sde!r}) must be a stochastic flow step: flow_grpo, dance or cps")
-    _check_plan(plan, plan_kwargs or {}, objective)
-    if num_steps < 1 or lora_rank < 0 or (k_chunk is not None and k_chunk < 1):
-        raise UserError(f"pipeline.kwargs: num_steps ({num_steps}) must be >= 1, lora_rank ({lora_rank}) >= 0 "
-                        f"(0 = full fine-tuning) and k_chunk ({k_chunk}) null or >= 1")
-    _dry_run_plan(plan, plan_kwargs or {}, num_steps=num_steps, sde=sde, same_noise=same_noise_per_group)
-    if objective not in ("grpo", "nft") or not 1 <= nft_steps <= num_steps:
-        raise UserError(f"pipeline.kwargs: objective ({objective!r}) must be grpo (SDE log-prob ratios, algo.loss "
-                        f"clipped) or nft (DiffusionNFT, algo.loss nft), and nft_steps ({nft_steps}) in 1..num_steps "
-                        f"({num_steps})")
-    _check_guard(objective, ratio_norm, step_weights)
+    check_flow_kwargs(sde=sde, plan=plan, plan_kwargs=plan_kwargs, objective=objective, num_steps=num_steps,
+                      lora_rank=lora_rank, k_chunk=k_chunk, nft_steps=nft_steps, ratio_norm=ratio_norm,
+                      step_weights=step_weights, same_noise_per_group=same_noise_per_group,
+                      torch_dtype=torch_dtype)
     reward_inputs = _reward_inputs(reward_inputs)
-    if torch_dtype is not None and torch_dtype not in _DTYPES:
-        raise UserError(f"pipeline.kwargs.torch_dtype ({torch_dtype!r}) must be one of {sorted(_DTYPES)} or null")
     train = _records(data, prompts, "training prompts")
     if not train:
         raise UserError("pipeline.kwargs needs prompts: data: prompts.txt|.jsonl or prompts: [\"a cat\", ...]")
