@@ -9,6 +9,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from pipelines.flow.tree import normalise_over
+
 
 def completion_indices(start: int, end: int, stride: int) -> list[int]:
     """Sigma indices of a stride-`stride` ODE completion: start, start + s, ..., and always `end` (appended if skipped).
@@ -23,7 +25,7 @@ def completion_indices(start: int, end: int, stride: int) -> list[int]:
 
 
 def complete_granularities(plan, x: Tensor, prompt: Tensor, sigmas: Tensor, velocity: Callable, step: Callable,
-              noise_level: float, device) -> tuple[Tensor, int]:
+                           noise_level: float, device) -> tuple[Tensor, int]:
     """ODE completions of every member x [P, ...] at each granularity -> leaves [P * M, ...] and the model calls.
 
     The M completions of a member start from the same latent at the same sigma: that velocity is computed once;
@@ -57,11 +59,7 @@ def granular_advantages(rewards: Tensor, m: int, *, eps: float = 1e-8) -> Tensor
     if m < 1 or n % m:
         raise ValueError(f"granular_advantages: {n} leaves per group is not a multiple of {m} granularities")
     r = rewards.reshape(b, n // m, m)  # [B, G, M]
-    if n // m < 2:
-        return torch.zeros(b, n // m, dtype=rewards.dtype)
-    std = r.std(1, keepdim=True)  # [B, 1, M]
-    a = torch.where(std < 1e-6, 0.0, (r - r.mean(1, keepdim=True)) / (std + eps))  # [B, G, M]
-    return a.sum(-1)  # [B, G]
+    return normalise_over(r, 1, eps).sum(-1)  # [B, G]
 
 
 def credited_leaves(plan, n: int) -> Tensor:

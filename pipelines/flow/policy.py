@@ -72,25 +72,11 @@ class FlowPolicy:
         self.decode_samples = inputs != {"latent"}
 
     def for_evaluation(self) -> None:
-        """Called by `mmgrpo eval` / `sample`: roll out as `python -m pipelines.flow.compare` does (its EVAL_OVERRIDES:
-        deterministic ODE via noise_level 0, plan independent with every step, objective grpo), from one independent
-        initial noise per sample (same_noise off), whatever plan, SDE noise or objective the recipe trains with."""
-        from mmgrpo.config import parse_overrides
-        from pipelines.flow.compare import EVAL_OVERRIDES
-
-        names = {"noise_level": "noise_level", "plan": "plan_name", "plan_kwargs": "plan_kwargs",
-                 "objective": "objective", "same_noise_per_group": "same_noise"}
-        settings = {}
-        for key, value in parse_overrides(list(EVAL_OVERRIDES)):
-            field_name = key.removeprefix("pipeline.kwargs.")
-            if field_name not in names:
-                raise ValueError(f"compare's eval override {key!r} has no FlowPolicy attribute; map it in "
-                                 f"for_evaluation")
-            settings[names[field_name]] = value
-        settings["noise_level"] = float(settings["noise_level"])
-        settings["plan_kwargs"] = dict(settings["plan_kwargs"])
-        for attr, value in settings.items():
-            setattr(self, attr, value)
+        """Called by `mmgrpo eval` / `sample`: roll out as `python -m pipelines.flow.compare` does (its EVAL_OVERRIDES,
+        kept equal by tests/test_flow_eval.py): deterministic ODE (noise 0) through the independent plan with every
+        step, objective grpo, one fresh initial noise per sample, whatever the recipe trains with."""
+        self.noise_level, self.plan_name, self.plan_kwargs = 0.0, "independent", {"train": "all"}
+        self.objective, self.same_noise = "grpo", False
 
     def set_iteration(self, iteration: int) -> None:
         """Tell the policy the training step (moves MixGRPO windows, picks Fast branch points); else it counts calls."""

@@ -49,6 +49,15 @@ def node_rewards(plan, rewards: Tensor, *, fusion: str = "mean", leaf_logp: Tens
     return out
 
 
+def normalise_over(r: Tensor, dim: int, eps: float = 1e-8) -> Tensor:
+    """(r - mean) / (std + eps) along `dim` with the unbiased std; 0 where std < 1e-6 or `dim` has one entry
+    (the group normalisation BranchGRPO and G2RPO share, arXiv:2509.06040 / 2510.01982)."""
+    if r.shape[dim] < 2:
+        return torch.zeros_like(r)
+    std = r.std(dim, keepdim=True)
+    return torch.where(std < 1e-6, 0.0, (r - r.mean(dim, keepdim=True)) / (std + eps))
+
+
 def depth_advantages(plan, rewards: Tensor, steps: Tensor, *, fusion: str = "mean",
                      leaf_logp: Tensor | None = None, alpha: float = 1.0, eps: float = 1e-8) -> Tensor:
     """Per-transition advantages [N, K]: each node's fused reward normalised against the nodes of its depth.
@@ -62,11 +71,7 @@ def depth_advantages(plan, rewards: Tensor, steps: Tensor, *, fusion: str = "mea
     """
     b, g = rewards.shape
     fused = node_rewards(plan, rewards, fusion=fusion, leaf_logp=leaf_logp, alpha=alpha)
-    adv_by_depth = []
-    for r in fused:  # [B, W]
-        std = r.std(1, keepdim=True) if r.shape[1] > 1 else torch.zeros_like(r[:, :1])
-        a = torch.where(std < 1e-6, 0.0, (r - r.mean(1, keepdim=True)) / (std + eps))  # [B, W]
-        adv_by_depth.append(a)
+    adv_by_depth = [normalise_over(r, 1, eps) for r in fused]  # [B, W] per depth
     depth = depth_of_steps(plan)[steps]  # [N, K]
     leaf = torch.arange(b * g) % g  # [N] index within the group
     out = torch.zeros(steps.shape, dtype=rewards.dtype)
