@@ -4,6 +4,7 @@ Every figure a bench script reports is a ratio of two things measured in the sam
 """
 
 import datetime as _dt
+import json
 import os
 import platform
 import statistics
@@ -169,6 +170,48 @@ def write_section(name: str, markdown: str, *, sections_dir: Path | None = None)
     return path
 
 
+def write_summary(name: str, rows: list[tuple[str, str, str]], *, sections_dir: Path | None = None) -> Path:
+    """Store one script's rows of the performance table (results.md's summary and the README's copy of it).
+
+    rows: (comparison, measured, target) strings, e.g. ("VLM: prefix-shared vs plain ...", "3.06x faster", ">= 4x").
+    """
+    if not rows or any(len(r) != 3 for r in rows):
+        raise ValueError(f"summary rows for {name!r} must be non-empty (comparison, measured, target) triples")
+    d = Path(sections_dir) if sections_dir is not None else SECTIONS_DIR
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{name}.summary.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps([list(map(str, r)) for r in rows], indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def summary_table(*, sections_dir: Path | None = None, order: tuple[str, ...] = ORDER) -> str:
+    """The performance table: every stored summary's rows, sections in results.md's order ("" when none)."""
+    d = Path(sections_dir) if sections_dir is not None else SECTIONS_DIR
+    files = {p.name[: -len(".summary.json")]: p for p in d.glob("*.summary.json")} if d.is_dir() else {}
+    rows = [row for n in section_order(list(files), order) for row in json.loads(files[n].read_text())]
+    return md_table(["comparison", "measured (median of alternating repeats)", "issue 9 target"], rows) if rows else ""
+
+
+README_START, README_END = "<!-- bench:summary:start -->", "<!-- bench:summary:end -->"
+
+
+def update_readme(table: str, readme: Path | None = None) -> bool:
+    """Replace the README's table between the bench:summary markers with `table`; False when the markers are absent."""
+    path = Path(readme) if readme is not None else REPO / "README.md"
+    text = path.read_text()
+    i, j = text.find(README_START), text.find(README_END)
+    if i < 0 or j < i:
+        return False
+    new = text[: i + len(README_START)] + "\n" + table.strip() + "\n" + text[j:]
+    if new != text:
+        tmp = path.with_suffix(".md.tmp")
+        tmp.write_text(new)
+        os.replace(tmp, path)
+    return True
+
+
 def section_order(names: list[str], order: tuple[str, ...] = ORDER) -> list[str]:
     """Known sections in `order`, then the others alphabetically."""
     known = [n for n in order if n in names]
@@ -180,7 +223,10 @@ def assemble_results(*, header: str, sections_dir: Path | None = None, out: Path
     """results.md = header + every stored section in a stable order; written to `out` (default bench/results.md)."""
     d = Path(sections_dir) if sections_dir is not None else SECTIONS_DIR
     names = [p.stem for p in d.glob("*.md")] if d.is_dir() else []
-    parts = [header.rstrip()] + [(d / f"{n}.md").read_text().rstrip() for n in section_order(names, order)]
+    table = summary_table(sections_dir=d, order=order)
+    summary = [f"## Summary\n\n{table}\n\nDetails, raw data and what stands in the way of each missed target follow."] \
+        if table else []
+    parts = [header.rstrip()] + summary + [(d / f"{n}.md").read_text().rstrip() for n in section_order(names, order)]
     text = "\n\n".join(parts) + "\n"
     target = Path(out) if out is not None else RESULTS
     target.parent.mkdir(parents=True, exist_ok=True)

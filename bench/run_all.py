@@ -12,7 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import BENCH_DIR, REPO, assemble_results, git_commit, machine, now_utc, results_header, write_section
+from bench.common import (BENCH_DIR, REPO, assemble_results, git_commit, machine, now_utc, results_header,
+                          summary_table, update_readme, write_section)
 
 SKIP = {"common", "run_all"}
 
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     header = results_header(machine(), now_utc(), git_commit())
     assemble_results(header=header)
     print(f"wrote {BENCH_DIR / 'results.md'}")
+    if update_readme(summary_table()):
+        print("updated README.md's performance table from it")
     return 0 if ok else 1
 
 

@@ -32,6 +32,7 @@ from bench.common import (
     save_plot,
     summarise,
     write_section,
+    write_summary,
 )
 
 
@@ -248,6 +249,12 @@ def main(argv: list[str] | None = None) -> None:
              f"full fine-tuning)")
     md = section(axes, failed, cmd=cmd, seconds=time.perf_counter() - t_start, model=model)
     path = write_section("scaling", md)
+    if axes:
+        slopes = ", ".join(f"{n} {a['fit']['slope']:.2f}" for n, a in axes.items())
+        write_summary("scaling", [("scaling: seconds per iteration as G, denoising steps, prefix length and frames grow "
+                                   "(fitted log-log slope, 1 = linear)", slopes + (f"; failed: {', '.join(failed)}"
+                                                                                   if failed else ""),
+                                   "plotted with the fitted slope; no superlinear term where the algorithm is linear")])
     print(md)
     print(f"\nwrote {path}")
 

@@ -117,6 +117,32 @@ def test_results_md_assembled_in_stable_order(tmp_path):
     assert "body of zeta\n" in text
 
 
+def test_summary_rows_go_first_in_results_and_into_the_readme(tmp_path):
+    common.write_section("vlm_prefix", "## VLM prefix\n\nbody", sections_dir=tmp_path)
+    common.write_summary("vlm_prefix", [("prefix", "3.1x", ">= 4x")], sections_dir=tmp_path)
+    common.write_summary("flow", [("tree", "1.7x", ">= 3x"), ("window", "1.4x", ">= 2x")], sections_dir=tmp_path)
+    table = common.summary_table(sections_dir=tmp_path)
+    rows = [line for line in table.splitlines()[2:]]
+    assert rows == ["| tree | 1.7x | >= 3x |", "| window | 1.4x | >= 2x |", "| prefix | 3.1x | >= 4x |"]  # ORDER: flow first
+    text = common.assemble_results(header="# H", sections_dir=tmp_path, out=tmp_path / "results.md")
+    assert text.index("## Summary") < text.index("| tree |") < text.index("## VLM prefix")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{common.README_START}\nold table\n{common.README_END}\nafter\n")
+    assert common.update_readme(table, readme)
+    new = readme.read_text()
+    assert "old table" not in new and "| window | 1.4x | >= 2x |" in new and new.endswith("after\n")
+    assert common.update_readme(table, readme) and readme.read_text() == new  # idempotent
+    (tmp_path / "NO.md").write_text("no markers\n")
+    assert not common.update_readme(table, tmp_path / "NO.md")
+
+
+def test_write_summary_rejects_rows_that_are_not_triples(tmp_path):
+    with pytest.raises(ValueError, match="triples"):
+        common.write_summary("flow", [("tree", "1.7x")], sections_dir=tmp_path)
+    with pytest.raises(ValueError, match="triples"):
+        common.write_summary("flow", [], sections_dir=tmp_path)
+
+
 def test_write_section_replaces_previous_version(tmp_path):
     common.write_section("flow", "## flow\n\nold", sections_dir=tmp_path)
     common.write_section("flow", "## flow\n\nnew", sections_dir=tmp_path)
