@@ -1,13 +1,17 @@
 """Prefix-shared forward (Prefix Grouper, arXiv:2506.05433) == the plain batch, in outputs and gradients, on tiny
-random Qwen2-VL, Qwen2.5-VL and Qwen3-VL with unequal completion lengths; the block mask, positions and chunked log-softmax."""
+random Qwen2-VL, Qwen2.5-VL and Qwen3-VL with unequal completion lengths, grouped attention and the dense block mask;
+the grouped attention function against dense-mask SDPA; the block mask, positions and chunked log-softmax."""
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
+from mmgrpo.errors import UserError
+from pipelines.vlm.attention import GROUPED, grouped_attention, grouped_text, prefix_layout, text_config
 from pipelines.vlm.prefix import (
     _block_mask,
+    attention_mode,
     completion_logp,
     group_indices,
     mrope_positions,
@@ -50,26 +54,124 @@ def _grads(model, fn):
 
 @pytest.mark.parametrize("name", MODELS)
 def test_shared_equals_plain_outputs_and_grads(cache, name):
+    """float64 model: grouped attention and the dense block mask both give the plain batch's log-probs, entropies and
+    parameter gradients (log-probs go through float32 logits in token_logp, hence rtol 1e-6 rather than 1e-12)."""
     proc, model = _load(cache, name)
+    model.double()
     a, b = _enc(proc, "How many circles?", (32, 48)), _enc(proc, "What color is the big square?", (60, 40))
-    prompts = [a, a, a, b, b, b, b]  # two groups, one of G=3 and one of G=4
-    comps = torch.randint(0, 256, (7, 9))
-    lengths = torch.tensor([9, 4, 1, 6, 9, 2, 5])  # unequal, including a single-token completion
+    c = _enc(proc, "Any?", (28, 28))
+    prompts = [a, a, a, b, b, b, b, c]  # groups of G=3, G=4 and G=1
+    comps = torch.randint(0, 256, (8, 9), generator=torch.Generator().manual_seed(0))
+    lengths = torch.tensor([9, 4, 1, 6, 9, 2, 5, 7])  # unequal, including a single-token completion
 
-    def run(shared):
+    def run(shared, attention="auto"):
         return completion_logp(model.model, model.lm_head, prompts, comps, lengths, shared=shared, pad_id=0,
-                               temperature=0.7, chunk_tokens=5)
+                               temperature=0.7, chunk_tokens=5, prefix_attention=attention)
 
+    assert attention_mode(model.model, "auto") == "grouped"
     lp_p, ent_p, g_p = _grads(model, lambda: run(False))
-    lp_s, ent_s, g_s = _grads(model, lambda: run(True))
     mask = torch.arange(9)[None] < lengths[:, None]
-    assert (lp_p[~mask] == 0).all() and (lp_s[~mask] == 0).all()
-    torch.testing.assert_close(lp_s, lp_p, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ent_s, ent_p, rtol=1e-5, atol=1e-5)
-    assert g_p.keys() == g_s.keys() and any("visual" in k for k in g_p)  # grads reach the vision tower in both
-    for k in g_p:
-        rel = (g_s[k] - g_p[k]).norm() / g_p[k].norm().clamp(min=1e-12)
-        assert rel <= 1e-5, (k, float(rel))
+    assert (lp_p[~mask] == 0).all() and g_p.keys() and any("visual" in k for k in g_p)  # grads reach the vision tower
+    for attention in ("grouped", "mask"):
+        lp_s, ent_s, g_s = _grads(model, lambda: run(True, attention))
+        assert (lp_s[~mask] == 0).all()
+        torch.testing.assert_close(lp_s, lp_p, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(ent_s, ent_p, rtol=1e-6, atol=1e-6)
+        assert g_p.keys() == g_s.keys()
+        for k in g_p:
+            rel = (g_s[k] - g_p[k]).norm() / g_p[k].norm().clamp(min=1e-30)
+            assert rel <= 1e-6, (attention, k, float(rel))
+    assert text_config(model.model)._attn_implementation == "sdpa"  # the switch is undone after the forward
+
+
+def _dense_reference(q, k, v, seg, scale):
+    """softmax(q k^T * scale + block mask) v over each whole row, K/V heads repeated for GQA: [R, L, H, D]."""
+    rep = q.shape[1] // k.shape[1]
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
+                                                           attn_mask=_block_mask(seg, torch.bool), scale=scale)
+    return ref.transpose(1, 2)
+
+
+def test_grouped_attention_equals_dense_mask_sdpa():
+    """Random float64 tensors, 4 query heads over 2 K/V heads: two rows of different prefix lengths, unequal
+    completions (one of 1 token), trailing padding; outputs and q/k/v gradients equal the dense block-mask SDPA."""
+    seg = torch.tensor([[0] * 5 + [1] * 3 + [2] + [4] * 4 + [-1] * 2,  # completion 3 had no tokens in the row
+                        [0] * 9 + [1] * 2 + [2] * 4])
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 15, 8, dtype=torch.float64, generator=gen).requires_grad_()
+    k = torch.randn(2, 2, 15, 8, dtype=torch.float64, generator=gen).requires_grad_()
+    v = torch.randn(2, 2, 15, 8, dtype=torch.float64, generator=gen).requires_grad_()
+    out, weights = grouped_attention(torch.nn.Module(), q, k, v, None, scaling=0.3, prefix_layout=prefix_layout(seg))
+    ref = _dense_reference(q, k, v, seg, 0.3)
+    real = (seg >= 0)[:, :, None, None]  # [R, L, 1, 1] padding outputs are never read
+    assert weights is None and out.shape == (2, 15, 4, 8) and (out[~real.expand_as(out)] == 0).all()
+    torch.testing.assert_close(out * real, ref * real, rtol=1e-12, atol=1e-12)
+    w = torch.randn(out.shape, dtype=torch.float64, generator=gen)
+    grads = torch.autograd.grad((out * w * real).sum(), (q, k, v))
+    refs = torch.autograd.grad((ref * w * real).sum(), (q, k, v))
+    for g, r in zip(grads, refs):
+        torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
+
+
+def test_prefix_layout_golden():
+    # prefix of 2, completion 1 of 2 tokens, completion 2 of 1 token, one pad: G = 2, C = 2
+    lay = prefix_layout(torch.tensor([[0, 0, 1, 1, 2, -1]]))
+    row = lay.rows[0]
+    assert (row.prefix, row.groups, row.width, lay.length) == (2, 2, 2, 6)
+    assert row.index.tolist() == [2, 3, 4, 4]  # completion 2's padded slot repeats its last token
+    # keys: [prefix 0, prefix 1, own slot 0, own slot 1]; slot 1 of completion 2 is padding, never a key
+    assert row.mask[:, 0].int().tolist() == [[[1, 1, 1, 0], [1, 1, 1, 1]], [[1, 1, 1, 0], [1, 1, 1, 0]]]
+    # row position -> cat(prefix out [2], completion out [2 x 2], zero [1]); the pad reads the zero row (index 6)
+    assert row.source.tolist() == [0, 1, 2, 3, 4, 6]
+    with pytest.raises(ValueError, match="prefix"):
+        prefix_layout(torch.tensor([[1, 1, 0, 0]]))
+    with pytest.raises(ValueError, match="increase"):
+        prefix_layout(torch.tensor([[0, 2, 1]]))
+
+
+def test_grouped_flops_formula():
+    """FlopCounterMode over the grouped function (SDPA decomposed into matmuls by the math backend) counts
+    4 H D (P^2 + G C (P + C)) per row: q k^T and p v are 2 H D flops per (query, key) pair each. Here H = 4, D = 8;
+    row 1: P = 5, G = 2, C = 3 -> 25 + 2 * 3 * 8 = 73 pairs; row 2: P = 4, G = 1, C = 2 -> 16 + 12 = 28 pairs;
+    4 * 4 * 8 * 101 = 12928."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    seg = torch.tensor([[0] * 5 + [1] * 3 + [2] * 2, [0] * 4 + [1] * 2 + [-1] * 4])
+    q, k = torch.randn(2, 4, 10, 8), torch.randn(2, 2, 10, 8)
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
+        grouped_attention(torch.nn.Module(), q, k, k, None, prefix_layout=prefix_layout(seg))
+    assert fc.get_total_flops() == 12928
+
+
+def test_attention_mode_choices(cache):
+    _, model = _load(cache, MODELS[0])
+    lm = model.model
+    assert attention_mode(lm, "auto") == "grouped" and attention_mode(lm, "mask") == "mask"
+    with pytest.raises(UserError, match="prefix_attention \\('dense'\\) must be one of auto, grouped, mask"):
+        attention_mode(lm, "dense")
+    model.set_attn_implementation("eager")
+    assert attention_mode(lm, "auto") == "mask"
+    with pytest.raises(UserError, match="prefix_attention=grouped but text attention 'eager'.*auto or mask"):
+        attention_mode(lm, "grouped")
+    model.set_attn_implementation("sdpa")
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    assert attention_mode(lm, "auto") == "mask"
+    model.activation_checkpointing_disable()
+    assert attention_mode(lm, "auto") == "grouped"
+
+
+def test_grouped_switch_is_scoped(cache):
+    """The text config names the grouped function only inside the block (also when the forward raises); the vision
+    tower keeps sdpa; a model call under the switch without a layout fails loudly instead of running unmasked."""
+    _, model = _load(cache, MODELS[0])
+    lm = model.model
+    with grouped_text(lm):
+        assert text_config(lm)._attn_implementation == GROUPED
+        assert model.config.vision_config._attn_implementation == "sdpa"
+        with pytest.raises(ValueError, match="needs prefix_layout"):
+            lm(input_ids=torch.tensor([[1, 2, 3]]), use_cache=False)
+    assert text_config(lm)._attn_implementation == "sdpa"
 
 
 @pytest.mark.parametrize("name", MODELS)

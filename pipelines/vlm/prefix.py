@@ -4,18 +4,27 @@ memory-bounded log-softmax gather. Pure tensor plumbing around a transformers mo
 Shared layout, one row per prompt group: [prefix | c_1 | c_2 | ... | c_G] with a block mask, so the image and prompt
 are encoded once (vision tower included) and completion i attends to the prefix and causally to itself only.
 Position ids of every completion continue right after the prefix (M-RoPE text positions of Qwen2/2.5/3-VL).
+Attention over the row (`prefix_attention`): "grouped" (pipelines.vlm.attention: prefix once, each completion over the
+prefix and itself, P^2 + G C (P + C) score pairs) or "mask" (one SDPA/eager call over the dense (P + G C)^2 block
+mask: the fallback for eager attention and gradient checkpointing); "auto" picks grouped where supported.
 """
 
+import contextlib
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from mmgrpo.errors import UserError
+from pipelines.vlm.attention import grouped_text, prefix_layout, text_config
+
 TOKEN_KEYS = ("input_ids", "attention_mask", "mm_token_type_ids")
 """processor outputs with one entry per prompt token; every other tensor (pixel_values, image_grid_thw...) is per image"""
 SHARED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 """model types whose forward takes a custom 4D mask and explicit M-RoPE positions (checked equal to the plain batch)"""
+PREFIX_ATTENTION = ("auto", "grouped", "mask")
+"""how a shared row's attention runs: grouped where supported (auto), grouped or refuse, dense block mask"""
 
 
 def supports_shared(model: nn.Module) -> tuple[bool, str]:
@@ -28,6 +37,31 @@ def supports_shared(model: nn.Module) -> tuple[bool, str]:
     if attn not in ("sdpa", "eager"):
         return False, f"attention {attn!r} takes no custom 4D mask (use sdpa or eager)"
     return True, ""
+
+
+def supports_grouped(lm: nn.Module) -> tuple[bool, str]:
+    """Whether grouped attention can run this base model's text attention, and why not when it cannot."""
+    ok, why = supports_shared(lm)
+    if not ok:
+        return False, why
+    attn = getattr(text_config(lm), "_attn_implementation", None)
+    if attn != "sdpa":
+        return False, f"text attention {attn!r} is not sdpa (grouped attention runs SDPA kernels; eager keeps the mask)"
+    if any(getattr(m, "gradient_checkpointing", False) for m in lm.modules()):
+        return False, "gradient checkpointing recomputes layers in backward, outside the grouped-attention switch"
+    return True, ""
+
+
+def attention_mode(lm: nn.Module, requested: str) -> str:
+    """"grouped" or "mask" for `prefix_attention=requested` on this model (auto: grouped where supported)."""
+    if requested not in PREFIX_ATTENTION:
+        raise UserError(f"prefix_attention ({requested!r}) must be one of {', '.join(PREFIX_ATTENTION)}")
+    if requested == "mask":
+        return "mask"
+    ok, why = supports_grouped(lm)
+    if requested == "grouped" and not ok:
+        raise UserError(f"prefix_attention=grouped but {why}; set prefix_attention=auto or mask")
+    return "grouped" if ok else "mask"
 
 
 def group_indices(prompts: list[dict[str, Any]]) -> list[list[int]]:
@@ -71,8 +105,11 @@ def _block_mask(seg: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def shared_inputs(lm: nn.Module, prompts: list[dict[str, Any]], completions: Tensor, lengths: Tensor, *,
-                  pad_id: int, dtype: torch.dtype) -> tuple[dict[str, Any], Tensor, Tensor]:
+                  pad_id: int, dtype: torch.dtype, grouped: bool = False) -> tuple[dict[str, Any], Tensor, Tensor]:
     """Model inputs for one row per group, plus the (row, position) of the hidden state predicting each token.
+
+    grouped=False: the dense block mask as attention_mask (bool for dtype torch.bool, else additive); True: a
+    `prefix_layout` for grouped attention instead (the model must then run inside `attention.grouped_text`).
 
     Args:
         prompts: [n] encodings (samples of one group share the dict).  completions: [n, K] token ids.
@@ -107,8 +144,9 @@ def shared_inputs(lm: nn.Module, prompts: list[dict[str, Any]], completions: Ten
             rows[i] = r
             where[i] = torch.where(t == 0, lp - 1, (start + t - 1).clamp(max=start + max(m, 1) - 1))
             start += m
-    kwargs = {"input_ids": ids, "attention_mask": _block_mask(seg, dtype), "position_ids": pos,
-              "mm_token_type_ids": mm, **_per_image([prompts[g[0]] for g in groups])}
+    attn = {"prefix_layout": prefix_layout(seg)} if grouped else {"attention_mask": _block_mask(seg, dtype)}
+    kwargs = {"input_ids": ids, **attn, "position_ids": pos, "mm_token_type_ids": mm,
+              **_per_image([prompts[g[0]] for g in groups])}
     return kwargs, rows, where
 
 
@@ -187,22 +225,27 @@ def token_logp(hidden: Tensor, head: nn.Module, targets: Tensor, *, temperature:
 
 def completion_logp(lm: nn.Module, head: nn.Module, prompts: list[dict[str, Any]], completions: Tensor,
                     lengths: Tensor, *, shared: bool, pad_id: int, temperature: float = 1.0,
-                    chunk_tokens: int = 1024, suppress: Tensor | None = None) -> tuple[Tensor, Tensor]:
+                    chunk_tokens: int = 1024, suppress: Tensor | None = None,
+                    prefix_attention: str = "auto") -> tuple[Tensor, Tensor]:
     """Per-token log-probs and entropies [n, K] of `completions` after their prompts (0 beyond each length).
 
     lm is the base VLM (`XForConditionalGeneration.model`, returning last_hidden_state), head its lm_head.
-    shared=True runs one block-masked row per group (vision tower and prefix once); False the plain batch.
+    shared=True runs one row per group (vision tower and prefix once), its attention grouped or block-masked as
+    `prefix_attention` (see the module docstring) picks; False the plain batch.
     """
     n, k = completions.shape
     if lengths.min() < 1 or lengths.max() > k:
         raise ValueError(f"lengths must be in [1, K={k}], got min {int(lengths.min())} max {int(lengths.max())}")
+    grouped = shared and attention_mode(lm, prefix_attention) == "grouped"
     if shared:
         sdpa = getattr(lm.config, "_attn_implementation", None) == "sdpa"
         dtype = torch.bool if sdpa else next(lm.parameters()).dtype
-        kwargs, rows, where = shared_inputs(lm, prompts, completions, lengths, pad_id=pad_id, dtype=dtype)
+        kwargs, rows, where = shared_inputs(lm, prompts, completions, lengths, pad_id=pad_id, dtype=dtype,
+                                            grouped=grouped)
     else:
         kwargs, rows, where = plain_inputs(prompts, completions, lengths, pad_id=pad_id)
-    hidden = lm(**kwargs, use_cache=False).last_hidden_state  # [R, L, H]
+    with grouped_text(lm) if grouped else contextlib.nullcontext():
+        hidden = lm(**kwargs, use_cache=False).last_hidden_state  # [R, L, H]
     mask = torch.arange(k, device=completions.device)[None] < lengths[:, None]  # [n, K]
     h = hidden[rows[:, None].expand(n, k)[mask], where[mask]]  # [T, H] only real tokens reach the lm_head
     lp, ent = token_logp(h, head, completions[mask], temperature=temperature, chunk_tokens=chunk_tokens,

@@ -1,0 +1,164 @@
+"""Grouped attention for prefix-shared rows (Prefix Grouper, arXiv:2506.05433), as a transformers attention function.
+
+A shared row is [prefix (P) | c_1 (m_1) | ... | c_G (m_G) | padding]. Instead of one SDPA over the whole (P + sum m)^2
+block mask, each layer runs: prefix queries over prefix keys, causally (one call on [1, H, P, D]); completion queries
+[G, H, C, D] over cat(prefix K/V expanded to G, own K/V) [G, H, P + C, D] (prefix all visible, own part causal). The
+expand's backward sums the prefix K/V gradient over the group, so outputs and gradients equal the block-masked row's.
+Score pairs: P^2 + G C (P + C) instead of (P + G C)^2.
+
+The layout reaches the function through the model's **kwargs (`prefix_layout=`), which Qwen2/2.5/3-VL forward from
+the top-level call down to every text attention; the text config names this function only inside `grouped_text`.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+GROUPED = "mmgrpo_prefix_grouped"
+"""name under which the function is registered in transformers' AttentionInterface (and a no-op mask function)"""
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """One shared row: P prefix tokens, then G non-empty completions padded to width C in the grouped tensors."""
+
+    prefix: int
+    groups: int
+    width: int
+    index: Tensor  # [G * C] row position of each (completion, slot); padded slots repeat the completion's last token
+    mask: Tensor  # [G, 1, C, P + C] bool, True = attend: the whole prefix, own slots causally and below its length
+    source: Tensor  # [L] per row position, index into cat(prefix out [P], completion out [G * C], zero row [1])
+
+
+@dataclass(frozen=True)
+class PrefixLayout:
+    """Every row of a batch of shared rows (the model's input is [R, L])."""
+
+    rows: tuple[RowLayout, ...]
+    length: int
+
+
+def _row_layout(seg: list[int], device: torch.device) -> RowLayout:
+    """Layout of one row from its segment ids (0 prefix, j >= 1 completion j in increasing order, -1 padding)."""
+    length = len(seg)
+    prefix = next((i for i, s in enumerate(seg) if s != 0), length)
+    spans: list[tuple[int, int]] = []  # (start, tokens) per completion, in row order
+    i = prefix
+    while i < length and seg[i] > 0:
+        j = i
+        while j < length and seg[j] == seg[i]:
+            j += 1
+        if spans and seg[i] <= seg[spans[-1][0]]:
+            raise ValueError(f"segment ids must increase along the row, got {seg[spans[-1][0]]} then {seg[i]} at {i}")
+        spans.append((i, j - i))
+        i = j
+    if prefix == 0 or any(s != -1 for s in seg[i:]):
+        raise ValueError("a shared row must be [prefix (id 0, >= 1 token) | completions (ids 1, 2, ...) | padding (-1)]"
+                         f"; got ids {sorted(set(seg))} with the first non-prefix block ending at {i} of {length}")
+    width = max((m for _, m in spans), default=0)
+    slot = torch.arange(width, device=device)  # [C]
+    starts = torch.tensor([s for s, _ in spans], dtype=torch.long, device=device)  # [G]
+    counts = torch.tensor([m for _, m in spans], dtype=torch.long, device=device)  # [G]
+    index = (starts[:, None] + torch.minimum(slot[None], counts[:, None] - 1)).reshape(-1)  # [G * C]
+    own = (slot[None, :, None] >= slot[None, None, :]) & (slot[None, None, :] < counts[:, None, None])  # [G, C, C]
+    seen = torch.ones(len(spans), width, prefix, dtype=torch.bool, device=device)  # [G, C, P]
+    source = torch.full((length,), prefix + len(spans) * width, dtype=torch.long, device=device)  # [L] -> zero row
+    source[:prefix] = torch.arange(prefix, device=device)
+    for g, (s, m) in enumerate(spans):
+        source[s: s + m] = prefix + g * width + torch.arange(m, device=device)
+    return RowLayout(prefix, len(spans), width, index, torch.cat([seen, own], -1)[:, None], source)
+
+
+def prefix_layout(seg: Tensor) -> PrefixLayout:
+    """The grouped-attention layout of shared rows from their segment ids [R, L] (as `prefix.shared_inputs` builds)."""
+    return PrefixLayout(tuple(_row_layout(row, seg.device) for row in seg.tolist()), seg.shape[1])
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float | None,
+          dropout: float) -> Tensor:
+    """SDPA with key/value heads shared by groups of query heads (GQA) broadcast without copying when possible."""
+    rep = q.shape[-3] // k.shape[-3]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scale,
+                                          enable_gqa=rep > 1)
+
+
+def grouped_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                      dropout: float = 0.0, scaling: float | None = None, prefix_layout: PrefixLayout | None = None,
+                      **kwargs) -> tuple[Tensor, None]:
+    """transformers attention function: softmax(q k^T * scaling + mask) v per row, grouped (Prefix Grouper eq. 4).
+
+    Args:
+        query: [R, H, L, D].  key, value: [R, Hkv, L, D] (H a multiple of Hkv).  attention_mask: ignored (the
+        layout defines it).  prefix_layout: from `prefix_layout(seg)`, passed through the model's kwargs.
+    Returns:
+        ([R, L, H, D] attention output, None) as transformers' sdpa_attention_forward.
+    """
+    if prefix_layout is None:
+        raise ValueError(f"attention {GROUPED!r} needs prefix_layout= in the model call; run the model inside "
+                         "pipelines.vlm.attention.grouped_text with the layout, or use sdpa")
+    rows, heads, length, dim = query.shape
+    if rows != len(prefix_layout.rows) or length != prefix_layout.length:
+        raise ValueError(f"prefix_layout is for {len(prefix_layout.rows)} rows of {prefix_layout.length} tokens, "
+                         f"the attention got {rows} of {length}")
+    outs = []
+    for r, lay in enumerate(prefix_layout.rows):
+        q, k, v, p = query[r], key[r], value[r], lay.prefix  # [H, L, D], [Hkv, L, D], [Hkv, L, D]
+        pre = _sdpa(q[None, :, :p], k[None, :, :p], v[None, :, :p], None, True, scaling, dropout)  # [1, H, P, D]
+        pieces = [pre[0].transpose(0, 1)]  # [P, H, D]
+        if lay.groups:
+            g, c = lay.groups, lay.width
+
+            def own(x: Tensor) -> Tensor:
+                return x.index_select(1, lay.index).unflatten(1, (g, c)).transpose(0, 1)  # [G, h, C, D]
+
+            kk = torch.cat([k[None, :, :p].expand(g, -1, -1, -1), own(k)], 2)  # [G, Hkv, P + C, D]
+            vv = torch.cat([v[None, :, :p].expand(g, -1, -1, -1), own(v)], 2)  # [G, Hkv, P + C, D]
+            out = _sdpa(own(q), kk, vv, lay.mask, False, scaling, dropout)  # [G, H, C, D]
+            pieces.append(out.permute(0, 2, 1, 3).reshape(g * c, heads, dim))  # [G * C, H, D]
+        pieces.append(query.new_zeros(1, heads, dim))  # what padding positions read
+        outs.append(torch.cat(pieces).index_select(0, lay.source))  # [L, H, D]
+    return torch.stack(outs), None  # [R, L, H, D]
+
+
+def _no_mask(*args, **kwargs) -> None:
+    """Mask function for GROUPED: the layout replaces the [L, L] mask, so none is built."""
+    return None
+
+
+def register() -> None:
+    """Register GROUPED with transformers (idempotent; adds a name, changes no existing one)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(GROUPED, grouped_attention)
+    AttentionMaskInterface.register(GROUPED, _no_mask)
+
+
+def text_config(lm: nn.Module):
+    """The config the text decoder's attention layers read (`language_model.config`; the vision tower has its own)."""
+    inner = getattr(lm, "language_model", None)
+    if inner is None:
+        raise ValueError(f"{type(lm).__name__} has no language_model: grouped attention needs a Qwen-VL base model")
+    return inner.config
+
+
+@contextmanager
+def grouped_text(lm: nn.Module) -> Iterator[None]:
+    """For one forward: the text attention runs `grouped_attention` (the vision tower keeps its own); restored after.
+
+    The layout itself travels in the call's kwargs, so nothing but the implementation name is switched, and only for
+    the duration of the block (a backward that recomputes layers later, i.e. gradient checkpointing, would not see the
+    switch: `prefix.supports_grouped` rules that out).
+    """
+    register()
+    cfg = text_config(lm)
+    old = cfg._attn_implementation
+    cfg._attn_implementation = GROUPED
+    try:
+        yield
+    finally:
+        cfg._attn_implementation = old
