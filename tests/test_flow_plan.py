@@ -114,6 +114,36 @@ def test_same_noise_window_shares_the_ode_prefix():
     assert not torch.equal(res.x_next[0, 0], res.x_next[1, 0])  # members differ from their first SDE step on
 
 
+def test_same_noise_window_equals_the_unshared_computation():
+    # The shared ODE prefix is an exact saving: run every one of the G members through every step by hand (G copies
+    # of the prompt's initial noise; member j's SDE noise at step t from its own generator mix_seed(seed, t + 1, j),
+    # the key the executor gives child j of the split) and get the same leaves, transitions and log-probs
+    g, t_total, seeds = 4, T + 2, [1, 2]
+    plan, trained = _plan("independent", train="window", window_size=2, window_every=3, iteration=7, same_noise=True,
+                          num_steps=t_total)  # ODE 0-1, SDE 2-3, ODE 4-5
+    sig = sde.sigmas(t_total, 3.0).double()
+    vel = lambda x, s, p: torch.tanh(1.3 * x) - s.view(-1, 1, 1) * x + 0.1 * p.view(-1, 1, 1)  # nonlinear in x
+    res = P.execute(plan, seeds=seeds, shape=(2, 3), sigmas=sig, trained=trained, velocity=vel, step=sde.step,
+                    noise_level=0.7, dtype=torch.float64)
+    for b, seed in enumerate(seeds):
+        x0 = torch.randn((2, 3), generator=torch.Generator().manual_seed(P.mix_seed(seed, 0, 0)))
+        x = x0.double().expand(g, 2, 3).clone()  # [G, 2, 3] every member from the prompt's one noise
+        rows = slice(b * g, (b + 1) * g)
+        for t in range(t_total):
+            v = vel(x, sig[t].expand(g), torch.full((g,), b))
+            gens = None if plan.kinds[t] == "ode" else [
+                torch.Generator().manual_seed(P.mix_seed(seed, t + 1, j)) for j in range(g)]
+            out = sde.step(plan.kinds[t], x, v, sig[t].expand(g), sig[t + 1].expand(g), noise_level=0.7,
+                           generator=gens)
+            if t in (2, 3):
+                torch.testing.assert_close(res.x_t[rows, t - 2], x, rtol=0, atol=0)
+                torch.testing.assert_close(res.x_next[rows, t - 2], out.prev_sample, rtol=0, atol=0)
+                torch.testing.assert_close(res.logp[rows, t - 2], out.logp.float(), rtol=0, atol=0)
+            x = out.prev_sample
+        torch.testing.assert_close(res.final[rows], x, rtol=0, atol=0)
+    assert res.nfe == 2 * (3 + g * 3) < 2 * g * t_total  # the saving: 30 model calls instead of 48
+
+
 def test_random_fraction_trains_k_steps_per_sample():
     _, trained = _plan("independent", train="random", fraction=0.5)
     assert (trained.sum(1) == 3).all()  # round(0.5 * 6)
