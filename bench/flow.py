@@ -7,25 +7,36 @@ Run: python bench/flow.py [--quick]; writes bench/sections/flow.md (its part of 
 """
 
 import argparse
-import copy
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch
 import yaml
 
+from bench._flow_arms import (  # noqa: F401  (unique_transitions: tests import it from here)
+    Arm,
+    Evaluator,
+    change,
+    delta,
+    ends,
+    forward_flops,
+    gain,
+    make_run,
+    max_z,
+    median,
+    ratio_text,
+    unique_transitions,
+    val_spec,
+)
 from bench.common import (
     REPO,
-    fit_slope,
     fmt_ratio,
     machine,
     matmul_gflops,
@@ -36,6 +47,7 @@ from bench.common import (
     save_plot,
     summarise,
     write_section,
+    write_summary,
 )
 
 RECIPE = REPO / "configs" / "flow" / "shapes_t2i.yaml"
@@ -45,141 +57,13 @@ TREE_ARMS = {"independent": ("independent", {"train": "all"}),
              "tree, pruned": ("tree", {"fanout": 2, "prune_depths": [3], "width_prune": "branch_best",
                                        "width_keep": 1}),
              "tree, late splits": ("tree", {"fanout": 2, "split_steps": [4, 5, 6]})}
-WINDOW_ARMS = {"window (MixGRPO)": ("independent", {"train": "window", "window_size": 2, "window_every": 4}),
-               "fast (Flow-GRPO-Fast, the recipe)": None}  # None: the recipe's own plan and plan_kwargs
+# (plan, plan_kwargs, other pipeline kwargs); None: the recipe's own plan. The window arm shares a group's initial
+# noise as MixGRPO's recipe does (configs/flow/sd35m_mixgrpo.yaml, MixGRPO's --init_same_noise): the ODE steps before
+# the window then run once per prompt (pipelines.flow.plan.independent), an exact saving for that distribution
+WINDOW_ARMS = {"window (MixGRPO)": ("independent", {"train": "window", "window_size": 2, "window_every": 4},
+                                    {"same_noise_per_group": True}),
+               "fast (Flow-GRPO-Fast, the recipe)": None}
 BASE = "all steps"
-
-
-# ---- the runs, one training iteration, the evaluation
-
-
-def val_spec(tree: dict) -> str:
-    """The recipe's eval categories on ShapesWorld's validation split (the recipe's own eval uses the test split)."""
-    parts = tree["pipeline"]["kwargs"]["eval_data"].split(":")
-    return ":".join(["shapes", "val", *parts[2:]])
-
-
-def make_run(out_dir: Path, base: dict, *, plan: str | None, plan_kwargs: dict | None, setting: dict, seed: int):
-    """A `mmgrpo.setup.Run` of the recipe `base` (no progress bar, report or checkpoints): one arm of a benchmark.
-
-    Changed from the recipe: the plan (None keeps the recipe's), prompts per iteration, k_chunk (the same in every
-    arm, so no arm pays for a bigger backward than another) and run.seed."""
-    from mmgrpo.config import load_config
-    from mmgrpo.setup import setup
-
-    tree = copy.deepcopy(base)
-    tree["run"].update({"output_dir": str(out_dir), "seed": seed, "checkpoint_every": 0, "gallery_every": 0,
-                        "resume": "never", "progress": False, "report": False, "log_every": 10**6})
-    kw = tree["pipeline"]["kwargs"]
-    if plan is not None:
-        kw.update({"plan": plan, "plan_kwargs": plan_kwargs})
-    kw["k_chunk"] = setting["k_chunk"]
-    tree["sample"]["batch_size"] = setting["prompts_per_iter"] * tree["sample"]["group_size"]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "bench.yaml").write_text(yaml.safe_dump(tree, sort_keys=False))
-    return setup(load_config(out_dir / "bench.yaml"))
-
-
-class Counter:
-    """Rows (latents) through the transformer, split into no-grad (rollout) and grad (training) calls; CFG's two
-    passes count as two rows."""
-
-    def __init__(self, module: torch.nn.Module):
-        self.rollout = self.train = 0
-        module.register_forward_pre_hook(self._hook, with_kwargs=True)
-
-    def _hook(self, module, args, kwargs):
-        x = kwargs.get("hidden_states", args[0] if args else None)
-        if torch.is_grad_enabled():
-            self.train += int(x.shape[0])
-        else:
-            self.rollout += int(x.shape[0])
-
-    def take(self) -> tuple[int, int]:
-        out, self.rollout, self.train = (self.rollout, self.train), 0, 0
-        return out
-
-
-class Arm:
-    """One side of a comparison: its Run, iteration count, training seconds spent and evaluation curve."""
-
-    def __init__(self, name: str, run: Any):
-        self.name, self.run, self.step, self.spent = name, run, 0, 0.0
-        self.counter = Counter(run.policy.transformer)
-        self.curve: list[tuple[float, int, dict[str, float]]] = []  # (seconds spent, iterations, accuracies)
-        self.plan = None
-
-    def iterate(self) -> dict[str, float]:
-        """One training iteration exactly as `mmgrpo.trainer.train` runs it (minus logging and checkpoints)."""
-        from mmgrpo.collect import collect
-        from mmgrpo.trainer import compute_advantages, update
-
-        run = self.run
-        self.counter.take()  # drop rows counted by evaluations since the last iteration
-        t0 = time.perf_counter()
-        run.policy.set_iteration(self.step)
-        batch = collect(run, self.step)
-        t1 = time.perf_counter()
-        adv, use, _ = compute_advantages(run, batch, progress=0.0)
-        update(run, batch, adv, use, self.step)
-        run.scheduler.step()
-        t2 = time.perf_counter()
-        self.step += 1
-        self.spent += t2 - t0
-        self.plan = run.policy.last_plan
-        rows = self.counter.take()
-        return {"seconds": t2 - t0, "rollout_s": t1 - t0, "update_s": t2 - t1, "rollout_rows": rows[0],
-                "train_rows": rows[1], "trained": int(batch.rollout.mask.sum())}
-
-    def evaluate(self, evaluator: "Evaluator") -> dict[str, float]:
-        acc = evaluator(self.run)
-        self.curve.append((self.spent, self.step, acc))
-        return acc
-
-
-class Evaluator:
-    """Strict and partial verifier accuracy of ODE samples (noise 0, independent noises, as pipelines.flow.compare)
-    on fixed validation prompts with fixed per-prompt seeds: the same images for every arm at every time."""
-
-    def __init__(self, records: list[dict], per_prompt: int, seed: int = 1234, chunk: int = 4):
-        self.records, self.per_prompt, self.chunk = records, per_prompt, chunk
-        self.seeds = [seed + i for i in range(len(records))]
-        self.seconds: list[float] = []
-
-    @torch.no_grad()
-    def __call__(self, run: Any) -> dict[str, float]:
-        from mmgrpo.collect import reward_fields
-
-        t0, pol = time.perf_counter(), run.policy
-        saved = (pol.noise_level, pol.plan_name, pol.plan_kwargs, pol.iteration, pol.last_plan)
-        pol.noise_level, pol.plan_name, pol.plan_kwargs = 0.0, "independent", {"train": "all"}
-        scores = []
-        try:
-            for lo in range(0, len(self.records), self.chunk):
-                recs = self.records[lo: lo + self.chunk]
-                ro = pol.rollout(recs, self.per_prompt, self.seeds[lo: lo + self.chunk])
-                texts, fields = reward_fields(recs, self.per_prompt)
-                per_reward, _ = run.reward_set(ro.samples, texts, group_size=self.per_prompt, **fields)
-                scores.append(per_reward.double())  # [n_chunk, R]
-        finally:
-            pol.noise_level, pol.plan_name, pol.plan_kwargs, pol.iteration, pol.last_plan = saved
-        self.seconds.append(time.perf_counter() - t0)
-        scores = torch.cat(scores)  # [n, R]
-        out: dict[str, Any] = {name: float(scores[:, r].mean()) for r, name in enumerate(run.reward_set.names)}
-        out["per_image"] = {name: scores[:, r] for r, name in enumerate(run.reward_set.names)}
-        return out
-
-
-def forward_flops(run: Any) -> float:
-    """FLOPs of one transformer evaluation (one latent, no CFG) at the recipe's resolution and prompt length."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    pol = run.policy
-    cond = pol.model.encode(["a red circle"])
-    x = torch.zeros(1, *pol.model.latent_shape())
-    with torch.no_grad(), FlopCounterMode(display=False) as fc:
-        pol.model.forward(pol.transformer, x, torch.tensor([0.5]), cond)
-    return float(fc.get_total_flops())
 
 
 def quiet() -> None:
@@ -190,10 +74,6 @@ def quiet() -> None:
     for lib in (diffusers, transformers):
         lib.utils.logging.set_verbosity_error()
         lib.utils.logging.disable_progress_bar()
-
-
-def median(xs: list[float]) -> float:
-    return summarise(xs)["median"]
 
 
 # ---- (a) tree vs independent rollouts at equal leaves and steps; (b) window and fast vs all steps
@@ -228,63 +108,33 @@ def bench_window(base: dict, setting: dict, tmp: Path, evaluator: Evaluator, bas
     `budget` seconds, evaluated at half and full budget; gain per second = slope of accuracy on training seconds."""
     arms = {}
     for i, (n, spec) in enumerate(WINDOW_ARMS.items()):
-        plan, kw = spec if spec is not None else (None, None)
+        plan, kw, extra = spec if spec is not None else (None, None, None)
         arms[n] = Arm(n, make_run(tmp / f"b{i}", base, plan=plan, plan_kwargs=kw, setting=setting,
-                                  seed=setting["seed"]))
+                                  seed=setting["seed"], pipeline_kwargs=extra))
         arms[n].curve.append((0.0, 0, base_acc))
-    iter_s: dict[str, list[float]] = {n: [] for n in arms}
-    roll_s: dict[str, list[float]] = {n: [] for n in arms}
+    outs: dict[str, list[dict]] = {n: [] for n in arms}
     marks = {n: budget / 2 for n in arms}
     while min(a.spent for a in arms.values()) < budget:
         n = min(arms, key=lambda m: arms[m].spent)
-        out = arms[n].iterate()
-        iter_s[n].append(out["seconds"])
-        roll_s[n].append(out["rollout_s"])
+        outs[n].append(arms[n].iterate())
         if arms[n].spent >= marks[n]:
             arms[n].evaluate(evaluator)
             marks[n] += budget / 2
             print(f"(b) {n}: {arms[n].step} iterations, {arms[n].spent:.0f} s", flush=True)
-    return {"arms": arms, "iter_s": iter_s, "roll_s": roll_s}
+    return {"arms": arms, "outs": outs}
+
+
+def figures(outs: list[dict]) -> dict[str, float]:
+    """Medians over an arm's counted iterations of every recorded quantity (seconds, rows, trained transitions)."""
+    return {key: median([o[key] for o in outs]) for key in outs[0]}
+
+
+def split(f: dict) -> str:
+    """'rollout (its transformer forward) + update (its transformer forward)' seconds of a figures() dict."""
+    return f"{f['rollout_s']:.2f} ({f['rollout_fwd_s']:.2f}) + {f['update_s']:.2f} ({f['train_fwd_s']:.2f})"
 
 
 # ---- the report
-
-
-def unique_transitions(plan, trained_steps: list[int], prompts: int) -> int:
-    """Distinct (node, step) transitions a tree trains: shared prefixes counted once, as BranchGRPO's update would."""
-    alive, total = prompts * plan.roots, 0
-    for t in range(plan.num_steps):
-        alive *= plan.branches.get(t, 1)
-        total += alive if t in trained_steps else 0
-    return total
-
-
-def gain(curve: list, metric: str, per: str) -> float:
-    """Accuracy gain per iteration (end minus start over iterations) or per training second (least-squares slope)."""
-    if per == "iteration":
-        return (curve[-1][2][metric] - curve[0][2][metric]) / max(1, curve[-1][1])
-    return fit_slope([(s, acc[metric]) for s, _, acc in curve])
-
-
-def delta(curve: list, metric: str) -> tuple[float, float]:
-    """End minus start of a curve in points and the standard error of the mean paired per-image difference (same
-    prompts and noises at both ends, so only the weights differ)."""
-    d = 100 * (curve[-1][2]["per_image"][metric] - curve[0][2]["per_image"][metric])  # [n]
-    return float(d.mean()), float(d.std(unbiased=True)) / len(d) ** 0.5 if len(d) > 1 else float("nan")
-
-
-def change(curve: list, metric: str) -> str:
-    return "{:+.1f} +- {:.1f}".format(*delta(curve, metric))
-
-
-def ends(curve: list, metric: str) -> str:
-    return f"{curve[0][2][metric]:.3f} -> {curve[-1][2][metric]:.3f} ({change(curve, metric)})"
-
-
-def _ratio(b: float, a: float, unit: float = 1.0) -> str:
-    if a <= 0:
-        return f"n/a (A's gain {a * unit:+.4f} <= 0; B's {b * unit:+.4f})"
-    return f"{b / a:.2f} ({b * unit:+.4f} vs {a * unit:+.4f})"
 
 
 def tree_section(res: dict, setting: dict, fwd: float, gflops: float) -> tuple[str, dict]:
@@ -292,14 +142,11 @@ def tree_section(res: dict, setting: dict, fwd: float, gflops: float) -> tuple[s
 
     rows, figs, arms = [], {}, res["arms"]
     for n, outs in res["outs"].items():
-        roll, train = median([o["rollout_rows"] for o in outs]), median([o["train_rows"] for o in outs])
-        sec = median([o["seconds"] for o in outs])
-        flops = fwd * (roll + 3 * train)  # a backward costs about two forwards
-        figs[n] = {"roll": roll, "train": train, "sec": sec, "rollout_s": median([o["rollout_s"] for o in outs]),
-                   "update_s": median([o["update_s"] for o in outs]), "trained": median([o["trained"] for o in outs])}
-        rows.append([n, int(roll), int(train), int(figs[n]["trained"]),
-                     f"{figs[n]['rollout_s']:.2f} + {figs[n]['update_s']:.2f}", f"{flops / 1e9:.1f}",
-                     f"{flops / sec / 1e9 / gflops:.0%}"])
+        f = figs[n] = figures(outs)
+        f.update(roll=f["rollout_rows"], train=f["train_rows"], sec=f["seconds"])
+        flops = fwd * (f["roll"] + 3 * f["train"])  # a backward costs about two forwards
+        rows.append([n, int(f["roll"]), int(f["train"]), int(f["trained"]), split(f), f"{flops / 1e9:.1f}",
+                     f"{flops / f['sec'] / 1e9 / gflops:.0%}"])
     ind = figs["independent"]
     g_ind = {m: gain(arms["independent"].curve, m, "iteration") for m in ("partial", "strict")}
     table = []
@@ -308,7 +155,7 @@ def tree_section(res: dict, setting: dict, fwd: float, gflops: float) -> tuple[s
         table.append([n, (f"{(ind['roll'] + ind['train']) / (figs[n]['roll'] + figs[n]['train']):.2f}x "
                           f"(rollout only {ind['roll'] / figs[n]['roll']:.2f}x)"), fmt_ratio(p),
                       f">= {TARGETS['tree']:.0f}x" if n == "tree" else "(variant)",
-                      _ratio(g["partial"], g_ind["partial"], 100), _ratio(g["strict"], g_ind["strict"], 100)])
+                      ratio_text(g["partial"], g_ind["partial"], 100), ratio_text(g["strict"], g_ind["strict"], 100)])
     plan, late = arms["tree"].plan, arms["tree, late splits"].plan
     depth = depth_of_steps(plan).tolist()
     every = list(range(plan.num_steps))
@@ -330,9 +177,12 @@ def tree_section(res: dict, setting: dict, fwd: float, gflops: float) -> tuple[s
               f"transformer, CFG's two passes counted (rollout = no grad, train = with grad); trained = unmasked "
               f"(sample, step) transitions in the loss; FLOPs = forward FLOPs per latent ({fwd / 1e6:.1f} MFLOP, "
               f"torch FlopCounter) x (rollout + 3 x train); achieved = FLOP/s over this process's measured fp32 "
-              f"matmul rate ({gflops:.1f} GFLOP/s)."), "",
+              f"matmul rate ({gflops:.1f} GFLOP/s). Rollout seconds include the reward (shapes verifier, about "
+              f"{ind['reward_s']:.2f} s); an update's seconds beyond its transformer forward are the backward and the "
+              f"optimizer step."), "",
              md_table(["arm", "rollout evaluations", "train evaluations", "trained transitions",
-                       "seconds: rollout + update", "GFLOP per iteration", "achieved / matmul rate"], rows), "",
+                       "seconds: rollout (transformer forward) + update (transformer forward)",
+                       "GFLOP per iteration", "achieved / matmul rate"], rows), "",
              md_table(["arm", "partial accuracy: start -> end (change, points +- s.e.)", "strict accuracy"],
                       [[n, ends(a.curve, "partial"), ends(a.curve, "strict")] for n, a in arms.items()]), "",
              (f"Tree: splits at steps {sorted(plan.branches)} (fan-out 2, {plan.group_size} leaves, depths "
@@ -346,36 +196,50 @@ def tree_section(res: dict, setting: dict, fwd: float, gflops: float) -> tuple[s
               f"{min(late.branches)} of the {late.num_steps} steps, so a group's samples differ only in the last "
               f"{late.num_steps - min(late.branches)}.")]
     b = setting["prompts_per_iter"]
+    # the tree's counted work at independent's measured seconds per rollout and per training evaluation
+    at_ind_cost = ind["rollout_s"] * tr["roll"] / ind["roll"] + ind["update_s"] * tr["train"] / ind["train"]
     bound = {"tree": n_ind / uniq, "late": n_ind / uniq_late, "roll": n_ind / count_nfe(plan, b),
-             "roll_late": n_ind / count_nfe(late, b)}
+             "roll_late": n_ind / count_nfe(late, b), "work": ind["sec"] / at_ind_cost,
+             "roll_cost": (tr["rollout_s"] / tr["roll"]) / (ind["rollout_s"] / ind["roll"]),
+             "train_cost": (tr["update_s"] / tr["train"]) / (ind["update_s"] / ind["train"])}
     return "\n".join(lines), {"figs": figs, "bound": bound}
 
 
 def window_section(tree: dict, win: dict) -> tuple[str, dict]:
     a = tree["arms"]["independent"]
-    base_iter = [o["seconds"] for o in tree["outs"]["independent"]]
+    figs = {BASE: figures(tree["outs"]["independent"]), **{n: figures(o) for n, o in win["outs"].items()}}  # medians
     curves = {BASE: a.curve, **{n: w.curve for n, w in win["arms"].items()}}
     slopes = {n: {m: gain(c, m, "second") for m in ("partial", "strict")} for n, c in curves.items()}
     rows = []
     for n in win["arms"]:
-        speed = median(base_iter) / median(win["iter_s"][n])
-        rows.append([n, _ratio(slopes[n]["partial"], slopes[BASE]["partial"], 6000),
-                     _ratio(slopes[n]["strict"], slopes[BASE]["strict"], 6000), f"{speed:.2f}x",
+        rows.append([n, ratio_text(slopes[n]["partial"], slopes[BASE]["partial"], 6000),
+                     ratio_text(slopes[n]["strict"], slopes[BASE]["strict"], 6000),
+                     f"{figs[BASE]['seconds'] / figs[n]['seconds']:.2f}x",
                      f">= {TARGETS['window']:.0f}x" if n.startswith("window") else "(variant)"])
     trail = lambda c, m: " -> ".join(f"{acc[m]:.3f}" for _, _, acc in c)
-    raw = [[n, c[-1][1], f"{c[-1][0]:.0f}", f"{trail(c, 'partial')} ({change(c, 'partial')})",
-            f"{trail(c, 'strict')} ({change(c, 'strict')})"] for n, c in curves.items()]
+    outs = {BASE: tree["outs"]["independent"], **win["outs"]}
+    rng = lambda n, key: (f"{median([o[key] for o in outs[n]]):.0f} "
+                          f"({min(o[key] for o in outs[n])}-{max(o[key] for o in outs[n])})")
+    raw = [[n, c[-1][1], f"{c[-1][0]:.0f}", rng(n, "rollout_rows"), rng(n, "train_rows"), split(figs[n]),
+            f"{trail(c, 'partial')} ({change(c, 'partial')})", f"{trail(c, 'strict')} ({change(c, 'strict')})"]
+           for n, c in curves.items()]
     md = "\n".join([
         md_table(["comparison (B over A = all steps)",
                   "partial-accuracy gain per training second, B / A (points per minute)",
                   "strict-accuracy gain per training second, B / A (points per minute)",
                   "iterations per second, B / A (median iteration)", "target"], rows), "",
-        md_table(["arm", "iterations", "training seconds",
+        md_table(["arm", "iterations", "training seconds", "rollout evaluations per iteration (median, min-max)",
+                  "train evaluations (median, min-max)", "seconds: rollout (transformer forward) + update (transformer forward)",
                   "partial accuracy at 0, 1/2, 1 of the budget (change, points +- s.e.)", "strict accuracy"], raw), "",
         ("The all-step arm is (a)'s independent arm (same settings and seed; its training seconds, warm-up "
          "included, set the budget of the others). Gain per second = least-squares slope of accuracy on the arm's "
-         "own training seconds (evaluation excluded).")])
-    return md, {"curves": curves, "slopes": slopes}
+         "own training seconds (evaluation excluded). The window arm shares each group's initial noise, as "
+         "MixGRPO's recipe does (configs/flow/sd35m_mixgrpo.yaml; MixGRPO's script passes --init_same_noise): the "
+         "ODE steps before the window are then the same for the group's samples and run once per prompt, the "
+         "group splitting at the window's first SDE step (an exact saving for that sampling distribution, "
+         "tests/test_flow_plan.py); its rollout evaluations vary with the window's position. The all-step arm "
+         "has no ODE prefix to share, so it keeps independent noises.")])
+    return md, {"curves": curves, "slopes": slopes, "figs": figs}
 
 
 def plots(figs: dict, curves: dict) -> list[str]:
@@ -458,7 +322,7 @@ def main(argv: list[str] | None = None) -> None:
         f"(about {median(evaluator.seconds):.0f} s per evaluation, excluded from every timing).")
     wa = WINDOW_ARMS["window (MixGRPO)"][1]
     window_title = (
-        f"### (b) Window (MixGRPO: SDE on {wa['window_size']} of {kw['num_steps']} steps, ODE outside, moving every "
+        f"### (b) Window (MixGRPO: SDE on {wa['window_size']} of {kw['num_steps']} steps, ODE outside, same-noise groups, moving every "
         f"{wa['window_every']} iterations) and few-step (Flow-GRPO-Fast as the recipe runs it: "
         f"{kw['plan_kwargs']['sde_steps']} SDE step, branch at step {kw['plan_kwargs']['branch_range']}) vs "
         f"all-step training, {budget:.0f} training seconds per arm")
@@ -471,18 +335,18 @@ def main(argv: list[str] | None = None) -> None:
         tree_md, "", window_title, "", window_md, "",
         "Plots: " + ", ".join(f"![{p}](plots/{p})" for p in pngs), "",
         "### Targets (issue 9) and what stands in the way", "",
-        _verdict(tree, extra, wextra, win),
+        _verdict(tree, extra, wextra),
     ])
     path = write_section("flow", md)
+    write_summary("flow", summary_rows(tree, wextra, g, kw["num_steps"], budget))
     print(md)
     print(f"\nwrote {path}")
 
 
-def _verdict(tree: dict, extra: dict, wextra: dict, win: dict) -> str:
+def _verdict(tree: dict, extra: dict, wextra: dict) -> str:
     t, tp, lt = tree["pairs"]["tree"], tree["pairs"]["tree, pruned"], tree["pairs"]["tree, late splits"]
-    figs = extra["figs"]
-    ind, tr = figs["independent"], figs["tree"]
-    w = "window (MixGRPO)"
+    ind, tr, bd = extra["figs"]["independent"], extra["figs"]["tree"], extra["bound"]
+    w, wf = "window (MixGRPO)", wextra["figs"]
     sl = wextra["slopes"]
     a, b = sl[BASE]["partial"], sl[w]["partial"]
     if a > 0:
@@ -490,10 +354,8 @@ def _verdict(tree: dict, extra: dict, wextra: dict, win: dict) -> str:
     else:
         w_line = (f"not measurable as a ratio: the all-step arm's partial accuracy moved {a * 6000:+.2f} points per "
                   f"minute (<= 0) against the window's {b * 6000:+.2f}")
-    speed = median([o["seconds"] for o in tree["outs"]["independent"]]) / median(win["iter_s"][w])
-    z = lambda d, se: abs(d) / se if se > 0 else (0.0 if d == 0 else float("inf"))
-    zmax = lambda curves: max(z(*delta(c, m)) for c in curves for m in ("partial", "strict"))
-    z_a, z_b = zmax([arm.curve for arm in tree["arms"].values()]), zmax(wextra["curves"].values())
+    speed = wf[BASE]["seconds"] / wf[w]["seconds"]
+    z_a, z_b = max_z([arm.curve for arm in tree["arms"].values()]), max_z(list(wextra["curves"].values()))
     stable = lambda z: f"{z:.1f} standard errors" + ("; so the ratios are not yet stable figures" if z < 2 else "")
     return "\n".join([
         (f"- Tree >= 3x faster per iteration at equal leaves and steps: measured {t['median']:.2f}x "
@@ -501,21 +363,51 @@ def _verdict(tree: dict, extra: dict, wextra: dict, win: dict) -> str:
          f"width and depth pruning {tp['median']:.2f}x. The rollout saving is real ({ind['roll'] / tr['roll']:.2f}x "
          f"fewer rollout evaluations; update {tr['update_s']:.1f} s against independent's {ind['update_s']:.1f} s, "
          f"{int(tr['trained'])} trained transitions against {int(ind['trained'])}). With splits at "
-         f"{sorted(tree['arms']['tree'].plan.branches)} the tree has only {extra['bound']['tree']:.2f}x fewer "
-         f"distinct transitions than independent rollouts and {extra['bound']['roll']:.2f}x fewer rollout "
-         f"evaluations, which cap the counted work's saving at "
-         f"{max(extra['bound']['tree'], extra['bound']['roll']):.2f}x whatever the engine does; 3x at equal leaves "
-         f"and steps needs fewer distinct transitions (late splits: {lt['median']:.2f}x measured, bounds "
-         f"{extra['bound']['late']:.2f}x trained and {extra['bound']['roll_late']:.2f}x rollout) or pruning (fewer "
-         f"backward passes). "
+         f"{sorted(tree['arms']['tree'].plan.branches)} the tree has only {bd['tree']:.2f}x fewer distinct "
+         f"transitions than independent rollouts and {bd['roll']:.2f}x fewer rollout evaluations; at independent's "
+         f"own seconds per rollout and per training evaluation that counted work would take {bd['work']:.2f}x less "
+         f"time (and no split of time between rollout and update gives more than {max(bd['tree'], bd['roll']):.2f}x)"
+         f". The rest of the gap is per-evaluation cost: the "
+         f"tree's rollout evaluations cost {bd['roll_cost']:.2f}x and its training evaluations {bd['train_cost']:.2f}x "
+         f"independent's (its early steps run few latents per call: {int(tr['roll']) // plan_steps(tree)} per step "
+         f"on average against {int(ind['roll']) // plan_steps(tree)}). 3x at equal leaves and steps is out of reach "
+         f"for this tree shape; it needs fewer distinct transitions (late splits: {lt['median']:.2f}x measured, "
+         f"bounds {bd['late']:.2f}x trained and {bd['roll_late']:.2f}x rollout, but samples differ only late) or "
+         f"pruning (fewer backward passes: {tp['median']:.2f}x). "
          f"Gain per iteration: the largest accuracy change in (a) is {stable(z_a)}."),
-        (f"- Window >= 2x reward gain per second: {w_line}. Window iterations are {speed:.2f}x faster: only the "
-         f"window's {WINDOW_ARMS[w][1]['window_size']} steps are back-propagated, but the rollout still evaluates "
-         f"every step ({median(win['roll_s'][w]):.1f} of its {median(win['iter_s'][w]):.1f} s per iteration; "
-         f"MixGRPO-Flash's higher-order ODE solver outside the window is not implemented), so 2x per second needs "
-         f"a gain per iteration at least {TARGETS['window'] / speed:.2f}x all-step's. One seed and a short budget: "
-         f"the largest accuracy change in (b) is {stable(z_b)}."),
+        (f"- Window >= 2x reward gain per second: {w_line}. Window iterations are {speed:.2f}x faster "
+         f"(rollout {wf[w]['rollout_s']:.2f} s with {wf[w]['rollout_rows']:.0f} evaluations against all-step's "
+         f"{wf[BASE]['rollout_s']:.2f} s with {wf[BASE]['rollout_rows']:.0f}: the same-noise group runs the ODE "
+         f"prefix once per prompt; update {wf[w]['update_s']:.2f} s against {wf[BASE]['update_s']:.2f} s: only the "
+         f"window's {WINDOW_ARMS[w][1]['window_size']} steps are back-propagated). The ODE steps after the window "
+         f"still run once per sample at the full step count (MixGRPO-Flash's coarser DPM-Solver++ tail changes the "
+         f"samples and is not implemented), so 2x per second needs a gain per iteration at least "
+         f"{TARGETS['window'] / speed:.2f}x all-step's. One seed and a short budget: the largest accuracy change in "
+         f"(b) is {stable(z_b)}."),
     ])
+
+
+def plan_steps(tree: dict) -> int:
+    return tree["arms"]["tree"].plan.num_steps
+
+
+def summary_rows(tree: dict, wextra: dict, g: int, steps: int, budget: float) -> list[tuple[str, str, str]]:
+    """The performance table's flow rows: (comparison, measured, target)."""
+    t, tp = tree["pairs"]["tree"], tree["pairs"]["tree, pruned"]
+    w, sl, wf, curves = "window (MixGRPO)", wextra["slopes"], wextra["figs"], wextra["curves"]
+    parts = []
+    for m in ("partial", "strict"):
+        a, b = sl[BASE][m], sl[w][m]
+        parts.append(f"{m} accuracy {b / a:.2f}x" if a > 0 else
+                     f"{m}: window {change(curves[w], m)} points, all-step {change(curves[BASE], m)} (no ratio)")
+    parts.append(f"iterations {wf[BASE]['seconds'] / wf[w]['seconds']:.2f}x faster")
+    tree_cmp = (f"flow: BranchGRPO tree vs independent rollouts, seconds per iteration (ShapesWorld recipe, {steps} "
+                f"steps, {g} leaves)")
+    tree_val = (f"{t['median']:.2f}x faster ({t['min']:.2f}-{t['max']:.2f}); width+depth-pruned tree "
+                f"{tp['median']:.2f}x ({tp['min']:.2f}-{tp['max']:.2f})")
+    win_cmp = (f"flow: MixGRPO window (same-noise groups) vs all-step training, reward gain per second (ShapesWorld "
+               f"recipe, {budget:.0f} s per arm, 1 seed)")
+    return [(tree_cmp, tree_val, ">= 3x, equal or better gain per iteration"), (win_cmp, "; ".join(parts), ">= 2x")]
 
 
 if __name__ == "__main__":
