@@ -305,3 +305,25 @@ def test_group_size_that_does_not_fit_the_plan_is_a_user_error_at_rollout():
                       plan_kwargs={"split_steps": [0, 2]})
     with pytest.raises(UserError, match=r"sample.group_size=6: tree plan: group_size=6 must equal"):
         task.policy.rollout([{"prompt": "a"}], 6, [0])
+
+
+@pytest.mark.parametrize("kind", ["flow_grpo", "dance", "cps", "ddim"])
+def test_rollout_loop_reads_nothing_back_from_the_device(kind):
+    # On the meta device a tensor has no values, so any check that reads one back (.item(), bool(), a blocking
+    # .to()) raises: a whole tree rollout (ODE, SDE, a split, per-sample generators) running there shows the loop
+    # never waits for the device; step() checks the sigmas it was given on the host instead
+    plan = P.RolloutPlan(("ode" if kind != "ddim" else kind, kind, kind, "ode" if kind != "ddim" else kind),
+                         roots=1, branches={1: 2})  # DDIM's alphas are no flow sigmas: no ODE step with it
+    sig = sde.sigmas(T, 3.0) if kind != "ddim" else torch.tensor([0.2, 0.4, 0.6, 0.8, 0.95])
+    trained = torch.tensor([[False, True, True, False]] * 4)
+    vel = lambda x, s, p: 0.5 * x - s.view(-1, 1, 1) + 0.01 * p.view(-1, 1, 1)
+    res = P.execute(plan, seeds=[1, 2], shape=(2, 3), sigmas=sig, trained=trained, velocity=vel, step=sde.step,
+                    noise_level=0.7, device="meta")
+    assert res.final.device.type == "meta" and res.x_t.shape == (4, 2, 2, 3) and res.logp.shape == (4, 2)
+    x = torch.zeros(2, 3, device="meta")
+    bad = (torch.tensor([0.5, 0.5]), torch.tensor([0.6, 0.4])) if kind != "ddim" else \
+        (torch.tensor([0.5, 0.5]), torch.tensor([0.4, 0.6]))  # one sample's step goes the wrong way
+    with pytest.raises(ValueError, match=kind):
+        sde.step(kind, x, x, *bad, noise_level=0.7)
+    with pytest.raises(RuntimeError, match="meta"):  # device sigmas are still checked, by reading them back
+        sde.step(kind, x, x, bad[0].to("meta"), bad[1].to("meta"), noise_level=0.7)

@@ -196,9 +196,10 @@ def execute(plan: RolloutPlan, *, seeds: list[int], shape: tuple[int, ...], sigm
                          f"{stop - 1} can train; the ODE tail differs per granularity and carries no log-prob")
     keep: dict[int, tuple[Tensor, Tensor, Tensor]] = {}
     nfe = 0
+    sigmas = sigmas.cpu()  # step() checks host sigmas and copies them without waiting for the device
     for t in range(stop):
-        sig = sigmas[t].expand(len(x)).to(device)  # [M]
-        v = velocity(x, sig, prompt.to(device))  # [M, ...]
+        sig = sigmas[t].expand(len(x))  # [M]
+        v = velocity(x, sig.to(device, non_blocking=True), prompt.to(device, non_blocking=True))  # [M, ...]
         nfe += len(x)
         f = plan.branches.get(t, 1)
         if f > 1:  # children share x_t and its velocity: one model call per parent
@@ -207,8 +208,7 @@ def execute(plan: RolloutPlan, *, seeds: list[int], shape: tuple[int, ...], sigm
             key = key.repeat_interleave(f) * f + torch.arange(f).repeat(len(key))
             sig = sig.repeat_interleave(f)
         gens = None if plan.kinds[t] == "ode" else _generators(seeds, prompt, key, t)
-        out = step(plan.kinds[t], x, v, sig, sigmas[t + 1].expand(len(x)).to(device), noise_level=noise_level,
-                   generator=gens)
+        out = step(plan.kinds[t], x, v, sig, sigmas[t + 1].expand(len(x)), noise_level=noise_level, generator=gens)
         if trained[:, t].any():
             keep[t] = (x, out.prev_sample, out.logp, out.mean if keep_mean else None)
         x = out.prev_sample

@@ -3,6 +3,7 @@
 Pure tensor maths like diffusers' scheduler `step()` but with per-sample sigmas and no state; no model, no diffusers.
 """
 
+import contextvars
 import math
 from typing import NamedTuple
 
@@ -41,7 +42,19 @@ def _per_sample(x: Tensor | float, n: int, name: str, dtype: torch.dtype, device
     return x
 
 
+_HOST_SIGMAS: contextvars.ContextVar = contextvars.ContextVar("sde_host_sigmas", default=None)
+"""(sigma, sigma_next) [N] on the CPU while step() runs a kind on an accelerator with sigmas it was given on the
+host: the kinds validate those copies, so a rollout step never waits for the device to answer a check."""
+
+
+def _checked(sigma: Tensor, sigma_next: Tensor) -> tuple[Tensor, Tensor]:
+    """The sigmas a kind validates: step()'s host copies when it set them, else the arguments themselves."""
+    host = _HOST_SIGMAS.get()
+    return host if host is not None and host[0].shape == sigma.shape else (sigma, sigma_next)
+
+
 def _check_flow(sigma: Tensor, sigma_next: Tensor, kind: str, *, positive: bool = False) -> None:
+    sigma, sigma_next = _checked(sigma, sigma_next)
     if not bool(((0 <= sigma_next) & (sigma_next <= sigma) & (sigma <= 1)).all()):
         raise ValueError(f"{kind} needs 0 <= sigma_next <= sigma <= 1 (sigma goes 1 -> 0), got sigma="
                          f"{sigma.tolist()}, sigma_next={sigma_next.tolist()}; pass sigmas[i], sigmas[i + 1]")
@@ -81,7 +94,8 @@ def flow_grpo_moments(x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor, *
     1 - sigmas[1] for the first step of a schedule (it uses the schedule's second sigma there).
     """
     _check_flow(sigma, sigma_next, "flow_grpo", positive=True)
-    if bool(((sigma == 1) & (sigma_next == 1)).any()):
+    hs, hn = _checked(sigma, sigma_next)
+    if bool(((hs == 1) & (hn == 1)).any()):
         raise ValueError("flow_grpo at sigma=1 needs sigma_next < 1 (s_t uses 1 - sigma_next there), got both 1")
     denom = torch.where(sigma == 1, 1 - sigma_next, 1 - sigma)  # [N]
     noise_t = noise_level * torch.sqrt(sigma / denom)  # [N]
@@ -144,10 +158,10 @@ def ddim_moments(x: Tensor, eps: Tensor, alpha_bar: Tensor, alpha_bar_prev: Tens
     with a_t = alphas_cumprod[t] and a_prev = alphas_cumprod[t_prev] (the scheduler's final_alpha_cumprod at the end).
     No clip_sample / thresholding (Stable Diffusion uses neither).
     """
-    ok = (0 < alpha_bar) & (alpha_bar <= alpha_bar_prev) & (alpha_bar_prev <= 1) & (alpha_bar < 1)
-    if not bool(ok.all()):
+    ha, hp = _checked(alpha_bar, alpha_bar_prev)
+    if not bool(((0 < ha) & (ha <= hp) & (hp <= 1) & (ha < 1)).all()):
         raise ValueError(f"ddim needs 0 < alpha_bar < 1 and alpha_bar <= alpha_bar_prev <= 1 (pass alphas_cumprod "
-                         f"values, not sigmas), got {alpha_bar.tolist()}, {alpha_bar_prev.tolist()}")
+                         f"values, not sigmas), got {ha.tolist()}, {hp.tolist()}")
     if not 0 <= noise_level <= 1:
         raise ValueError(f"ddim needs 0 <= eta <= 1 (eta > 1 makes 1 - a_prev - std^2 negative), got {noise_level}")
     var = (1 - alpha_bar_prev) / (1 - alpha_bar) * (1 - alpha_bar / alpha_bar_prev)  # [N]
@@ -168,7 +182,7 @@ def _noise(shape: tuple, generator, device: torch.device, dtype: torch.dtype) ->
             raise ValueError(f"generator list has {len(generator)} generators for N={shape[0]} samples; pass one "
                              f"per sample (or a single torch.Generator)")
         parts = [torch.randn((1, *shape[1:]), generator=g, device=g.device, dtype=dtype) for g in generator]
-        return torch.cat(parts).to(device)
+        return torch.cat(parts).to(device, non_blocking=True)  # a host -> device copy that does not wait
     rand_device = generator.device if generator is not None else device
     return torch.randn(shape, generator=generator, device=rand_device, dtype=dtype).to(device)
 
@@ -239,9 +253,20 @@ def step(
     # bf16 cannot hold the drift term x * s_t^2 dt / (2 sigma) accurately: always compute in >= float32
     dtype = torch.promote_types(torch.promote_types(sample.dtype, velocity.dtype), torch.float32)
     n, dev = sample.shape[0], sample.device
+    on_host = lambda t: not isinstance(t, Tensor) or t.device.type == "cpu"
+    token = None
+    if dev.type != "cpu" and on_host(sigma) and on_host(sigma_next):  # check the host copies, copy without a wait
+        host = (_per_sample(sigma, n, "sigma", dtype, torch.device("cpu")),
+                _per_sample(sigma_next, n, "sigma_next", dtype, torch.device("cpu")))  # [N], [N]
+        token = _HOST_SIGMAS.set(host)
+        sigma, sigma_next = (h.to(dev, non_blocking=True) for h in host)
     sigma = _per_sample(sigma, n, "sigma", dtype, dev)  # [N]
     sigma_next = _per_sample(sigma_next, n, "sigma_next", dtype, dev)  # [N]
-    mean, std = fn(sample.to(dtype), velocity.to(dtype), sigma, sigma_next, noise_level=noise_level)
+    try:
+        mean, std = fn(sample.to(dtype), velocity.to(dtype), sigma, sigma_next, noise_level=noise_level)
+    finally:
+        if token is not None:
+            _HOST_SIGMAS.reset(token)
     if prev_sample is None:
         with torch.no_grad():
             eps = _noise(tuple(sample.shape), generator, dev, dtype)
