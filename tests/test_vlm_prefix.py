@@ -73,7 +73,7 @@ def test_shared_equals_plain_outputs_and_grads(cache, name):
     mask = torch.arange(9)[None] < lengths[:, None]
     assert (lp_p[~mask] == 0).all() and g_p.keys() and any("visual" in k for k in g_p)  # grads reach the vision tower
     for attention in ("grouped", "mask"):
-        lp_s, ent_s, g_s = _grads(model, lambda: run(True, attention))
+        lp_s, ent_s, g_s = _grads(model, lambda a=attention: run(True, a))
         assert (lp_s[~mask] == 0).all()
         torch.testing.assert_close(lp_s, lp_p, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(ent_s, ent_p, rtol=1e-6, atol=1e-6)

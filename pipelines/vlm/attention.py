@@ -86,6 +86,11 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, sc
                                           enable_gqa=rep > 1)
 
 
+def _own(x: Tensor, lay: RowLayout) -> Tensor:
+    """[h, L, D] -> [G, h, C, D]: each completion's (padded) slots of one row."""
+    return x.index_select(1, lay.index).unflatten(1, (lay.groups, lay.width)).transpose(0, 1)
+
+
 def grouped_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                       dropout: float = 0.0, scaling: float | None = None, prefix_layout: PrefixLayout | None = None,
                       **kwargs) -> tuple[Tensor, None]:
@@ -111,13 +116,9 @@ def grouped_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tens
         pieces = [pre[0].transpose(0, 1)]  # [P, H, D]
         if lay.groups:
             g, c = lay.groups, lay.width
-
-            def own(x: Tensor) -> Tensor:
-                return x.index_select(1, lay.index).unflatten(1, (g, c)).transpose(0, 1)  # [G, h, C, D]
-
-            kk = torch.cat([k[None, :, :p].expand(g, -1, -1, -1), own(k)], 2)  # [G, Hkv, P + C, D]
-            vv = torch.cat([v[None, :, :p].expand(g, -1, -1, -1), own(v)], 2)  # [G, Hkv, P + C, D]
-            out = _sdpa(own(q), kk, vv, lay.mask, False, scaling, dropout)  # [G, H, C, D]
+            kk = torch.cat([k[None, :, :p].expand(g, -1, -1, -1), _own(k, lay)], 2)  # [G, Hkv, P + C, D]
+            vv = torch.cat([v[None, :, :p].expand(g, -1, -1, -1), _own(v, lay)], 2)  # [G, Hkv, P + C, D]
+            out = _sdpa(_own(q, lay), kk, vv, lay.mask, False, scaling, dropout)  # [G, H, C, D]
             pieces.append(out.permute(0, 2, 1, 3).reshape(g * c, heads, dim))  # [G * C, H, D]
         pieces.append(query.new_zeros(1, heads, dim))  # what padding positions read
         outs.append(torch.cat(pieces).index_select(0, lay.source))  # [L, H, D]
@@ -125,8 +126,7 @@ def grouped_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tens
 
 
 def _no_mask(*args, **kwargs) -> None:
-    """Mask function for GROUPED: the layout replaces the [L, L] mask, so none is built."""
-    return None
+    """Mask function for GROUPED (returns None): the layout replaces the [L, L] mask, so none is built."""
 
 
 def register() -> None:
