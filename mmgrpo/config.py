@@ -34,7 +34,15 @@ class RunConfig:
     device: str = "auto"
     """"auto" (CUDA when present), "cpu" or "cuda"; under `accelerate launch` accelerate decides"""
     mixed_precision: str = "no"
-    """"no", "bf16" or "fp16"; autocast only when CUDA is present (CPU runs stay fp32)"""
+    """"no", "bf16" or "fp16": autocast of the update's forward/backward; only when CUDA is present (CPU runs stay
+    exact fp32)"""
+    compile: bool | str = False
+    """torch.compile the pipeline's trainable module in place (parameter names unchanged): true compiles on CUDA and
+    is skipped with one logged line on the CPU (compiling there needs a C++ toolchain and warms up slowly), "force"
+    compiles on any device, false never"""
+    compile_kwargs: dict = field(default_factory=dict)
+    """keyword arguments of torch.compile when run.compile is on, e.g. {mode: max-autotune, dynamic: true} or
+    {backend: aot_eager} (no C++ toolchain needed)"""
     resume: str = "auto"
     """"auto" continues from the newest valid checkpoint in output_dir, "never" starts fresh, or a checkpoint path"""
     checkpoint_every: int = 50
@@ -104,8 +112,13 @@ class AlgoConfig:
     """passes over each rollout batch (PPO epochs); >1 makes updates off-policy and clipping active"""
     num_minibatches: int = 1
     """optimizer steps per inner epoch; the batch is split into this many shuffled mini-batches"""
-    micro_batch_size: int = 8
-    """samples per forward/backward on each rank (gradient accumulation inside a mini-batch)"""
+    micro_batch_size: int | str = 8
+    """samples per forward/backward on each rank (gradient accumulation inside a mini-batch), or "auto": the
+    largest that fits algo.memory_budget_gb, from one probe of 2 and 1 samples at the first update (logged once)"""
+    memory_budget_gb: float | None = None
+    """with micro_batch_size=auto (ignored otherwise): GB (1e9 bytes) one forward/backward may add on top of what
+    is already allocated (weights, optimizer state, rollout); null: 80% of the free CUDA memory at the probe, or
+    half the available RAM on the CPU"""
 
 
 @dataclass
@@ -203,7 +216,19 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _coerce(value, inner[0], where)
+        for option in inner[:-1]:  # int | str: the first type that accepts the value (micro_batch_size: auto)
+            try:
+                return _coerce(value, option, where)
+            except UserError:
+                pass
+        if len(inner) == 1:
+            return _coerce(value, inner[0], where)
+        try:
+            return _coerce(value, inner[-1], where)
+        except UserError:
+            names = " or ".join(_type_name(a) for a in inner)
+            raise UserError(f"{where}: expected {names}, got {value!r} ({type(value).__name__}); fix the value in "
+                            f"the YAML file or override it as {where}=<value>") from None
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, where)
     if origin is list:

@@ -4,15 +4,19 @@ Kept out of trainer.py so the loop reads top to bottom; nothing here knows a mod
 """
 
 import math
+import os
 import signal
-from contextlib import nullcontext
+import sys
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
 from mmgrpo.config import Config
+from mmgrpo.errors import UserError
 
 
 def make_accelerator(cfg: Config) -> Accelerator:
@@ -165,3 +169,83 @@ def load_optimizer_state(accelerator: Accelerator, model: torch.nn.Module, optim
 
     set_optimizer_state_dict(model, optimizer.optimizer, optim_state_dict=state,
                              options=StateDictOptions(full_state_dict=True))
+
+
+# ---- micro-batch sizing from a memory budget (algo.micro_batch_size=auto)
+
+
+def peak_bytes(fn, device: torch.device) -> int:
+    """Peak bytes of tensors allocated while fn() runs, over those live when it starts.
+
+    CUDA: torch.cuda.max_memory_allocated after a reset. CPU: torch.profiler(profile_memory=True) records every
+    allocator event (+bytes on alloc, -bytes on free); the peak is the maximum of their running sum in time order,
+    deterministic for a fixed program (tracemalloc does not see torch's CPU allocator)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        base = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    if device.type != "cpu":
+        raise UserError(f"algo.micro_batch_size=auto measures memory on CUDA or the CPU, not on {device.type}; "
+                        f"set algo.micro_batch_size to a number")
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
+    with _quiet_stderr():  # kineto prints start/stop and "no GPU" lines from C++ that a user need not read
+        prof.start()
+    try:
+        fn()
+    finally:
+        with _quiet_stderr():
+            prof.stop()
+    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    return max(accumulate((nbytes for _, nbytes in events), initial=0))
+
+
+@contextmanager
+def _quiet_stderr():
+    """File descriptor 2 to /dev/null for a moment (C++ logging bypasses sys.stderr)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def default_budget_bytes(device: torch.device) -> float:
+    """Without algo.memory_budget_gb: 80% of the CUDA memory free now (what the caching allocator holds unused
+    counts as free), or half of the RAM the kernel reports available on the CPU."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return 0.8 * (free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        return 0.5 * kib * 1024
+    except (OSError, StopIteration, ValueError):
+        try:
+            return 0.5 * os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            raise UserError("algo.micro_batch_size=auto cannot read the available memory here; set "
+                            "algo.memory_budget_gb, e.g. 8") from None
+
+
+def fit_micro_batch(peak_1: float, peak_2: float, budget: float, *, most: int) -> int:
+    """Largest m in [1, most] whose predicted peak fits: fixed + m * per <= budget, from a probe's peaks at 1 and 2
+    units (samples, or whole groups for group losses): per = peak_2 - peak_1, fixed = peak_1 - per (activations and
+    their gradients grow linearly with the micro-batch; weight gradients are the fixed part).
+
+    Raises ValueError when one unit does not fit."""
+    per = peak_2 - peak_1
+    fixed = peak_1 - per
+    if fixed + max(per, 0.0) > budget:
+        raise ValueError(f"one unit needs about {(fixed + max(per, 0.0)) / 1e9:.3g} GB")
+    if per <= 0:  # no measurable growth (tiny models, allocator reuse): the largest is as cheap as one
+        return most
+    return max(1, min(most, math.floor((budget - fixed) / per)))

@@ -52,6 +52,8 @@ class Run:
     bad_streak: int = 0
     last_saved: int = -1
     bar: Any = None
+    micro_batch_size: int | None = None
+    """samples per forward/backward; None until algo.micro_batch_size=auto is resolved at the first update"""
 
     def say(self, msg: str) -> None:
         if self.accelerator.is_main_process:
@@ -108,6 +110,29 @@ def build_rewards(cfg: Config, task: Task, device: torch.device):
     return reward_set
 
 
+def compile_module(cfg: Config, module: torch.nn.Module, acc: Accelerator) -> bool:
+    """run.compile: torch.compile the trainable module in place (nn.Module.compile keeps its parameter names, so
+    checkpoints and the optimizer see the same weights); skipped with one line on the CPU unless forced."""
+    if not cfg.run.compile:
+        return False
+    if acc.device.type == "cpu" and cfg.run.compile != "force":
+        if acc.is_main_process:
+            print("run.compile=true: skipped on the CPU (compiling needs a C++ toolchain there and warms up slowly); "
+                  "set run.compile=force to compile anyway", flush=True)
+        return False
+    import torch._dynamo
+
+    if not torch._dynamo.is_dynamo_supported():
+        raise UserError(f"run.compile={cfg.run.compile}: torch.compile is not supported with this Python and torch "
+                        f"({torch.__version__}); set run.compile=false")
+    try:
+        module.compile(**cfg.run.compile_kwargs)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise UserError(f"run.compile_kwargs ({cfg.run.compile_kwargs}): {err}; use torch.compile's keywords "
+                        f"(mode, dynamic, fullgraph, backend, options)") from None
+    return True
+
+
 def _prepare_dirs(cfg: Config) -> tuple[Path, Path]:
     run_dir = Path(cfg.run.output_dir)
     try:
@@ -145,6 +170,7 @@ def setup(cfg: Config) -> Run:
     data = checkpoint.load(ckpt, acc.process_index) if ckpt is not None else None
     if data is not None:
         task.policy.load_state_dict(data["weights"])  # before prepare, which may shard what is loaded (FSDP)
+    compile_module(cfg, task.module, acc)
     model, optimizer = acc.prepare(task.module, build_optimizer(list(task.policy.trainable_parameters()), cfg))
     names = {id(p): n for n, p in task.module.named_parameters()}
     params = list(task.policy.trainable_parameters())  # after prepare: FSDP swaps in sharded parameters
@@ -157,6 +183,7 @@ def setup(cfg: Config) -> Run:
         task.policy.defer_old_logp = cfg.algo.inner_epochs == 1 and cfg.algo.num_minibatches == 1
     run = Run(cfg, acc, task, task.policy, model, optimizer, build_scheduler(optimizer, cfg), sampler, reward_set,
               ema, run_dir, ckpt_root, None)
+    run.micro_batch_size = None if cfg.algo.micro_batch_size == "auto" else cfg.algo.micro_batch_size
     if data is not None:
         _restore(run, ckpt, data)
     if acc.is_main_process:

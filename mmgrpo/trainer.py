@@ -16,29 +16,49 @@ from torch import Tensor
 from mmgrpo import advantages, losses, sampling
 from mmgrpo.collect import Batch, collect
 from mmgrpo.config import Config
-from mmgrpo.errors import RewardFailed, TrainingStopped
-from mmgrpo.runtime import StopFlag, all_gather, all_sum, any_rank, first_message, shuffle_generator, sync_context
+from mmgrpo.errors import RewardFailed, TrainingStopped, UserError
+from mmgrpo.runtime import (
+    StopFlag,
+    all_gather,
+    all_sum,
+    any_rank,
+    default_budget_bytes,
+    first_message,
+    fit_micro_batch,
+    peak_bytes,
+    shuffle_generator,
+    sync_context,
+)
 from mmgrpo.setup import Run, save_checkpoint, setup
 from mmgrpo.tracking import save_gallery
 
 
 @dataclass
 class _Acc:
-    """Running, element-weighted means of per-micro-batch metrics."""
+    """Running, element-weighted means of per-micro-batch metrics, kept as float64 device tensors: the host reads
+    them once, in means(), instead of once per metric and micro-batch (each read waits for the GPU to drain).
 
-    sums: dict[str, float] = field(default_factory=dict)
-    weights: dict[str, float] = field(default_factory=dict)
+    A value may be a pair (value, present): its weight is then weight * present (per-step metrics of a K chunk)."""
 
-    def add(self, metrics: dict[str, Any], weight: float) -> None:
-        if weight == 0:  # padding pieces and fully masked micro-batches (0 * NaN would poison the sums)
-            return
+    sums: dict[str, Tensor] = field(default_factory=dict)
+    weights: dict[str, Tensor] = field(default_factory=dict)
+
+    def add(self, metrics: dict[str, Any], weight: Tensor | float) -> None:
         for k, v in metrics.items():
-            v = float(v.detach()) if isinstance(v, Tensor) else float(v)
-            self.sums[k] = self.sums.get(k, 0.0) + v * weight
-            self.weights[k] = self.weights.get(k, 0.0) + weight
+            v, on = v if isinstance(v, tuple) else (v, True)
+            v = torch.as_tensor(v).detach().double()
+            w = torch.as_tensor(weight).to(v.device, non_blocking=True).double() * on
+            # weight 0 (padding pieces, fully masked micro-batches) must not let 0 * NaN poison the sum
+            self.sums[k] = self.sums.get(k, 0.0) + torch.where(w > 0, v * w, 0.0)
+            self.weights[k] = self.weights.get(k, 0.0) + w
 
     def means(self) -> dict[str, float]:
-        return {k: self.sums[k] / self.weights[k] for k in self.sums if self.weights[k] > 0}
+        if not self.sums:
+            return {}
+        keys = list(self.sums)
+        dev = self.sums[keys[0]].device
+        pairs = torch.stack([torch.stack([self.sums[k].to(dev), self.weights[k].to(dev)]) for k in keys]).tolist()
+        return {k: s / w for k, (s, w) in zip(keys, pairs) if w > 0}
 
 
 def compute_advantages(run: Run, batch: Batch, progress: float) -> tuple[Tensor, Tensor, dict[str, float]]:
@@ -75,28 +95,30 @@ def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor
               ref: Tensor | None, denom: Tensor):
     """Loss of samples idx (and steps ks when the policy chunks K): policy loss (+ KL), global denominator.
 
-    Also returns the samples of idx whose unmasked loss elements are not all finite (named when a step is skipped)."""
+    Also returns a [n] device flag per sample of idx: are its unmasked loss elements all finite (read by the host
+    only when a step is skipped, to name the samples). Host tensors are copied with non_blocking=True: a blocking
+    copy to the GPU waits for the work queued before it."""
     a = run.cfg.algo
     ks_ = ks if ks is not None else slice(None)
     if ks is None:
         logp, aux = run.policy.logp(run.model, batch.rollout, idx)  # [n, K]
     else:
         logp, aux = run.policy.logp(run.model, batch.rollout, idx, k_slice=ks)  # [n, k]
-    old = batch.rollout.old_logp[idx][:, ks_].to(logp.device)
+    old = batch.rollout.old_logp[idx][:, ks_].to(logp.device, non_blocking=True)
     if batch.rollout.extras.get("old_logp_deferred"):
         old = logp.detach()  # on-policy (one epoch, one mini-batch): no weight has moved since the rollout
-    m = mask[idx][:, ks_].to(logp.device)
+    m = mask[idx][:, ks_].to(logp.device, non_blocking=True)
     kw = dict(a.loss_kwargs)
     if losses.needs_groups(a.loss):
         kw["group_size"] = run.cfg.sample.group_size
     kw.update(aux.get("loss_kwargs", {}))  # per-element inputs a pipeline's loss needs (e.g. GRPO-Guard's std)
     a_idx = adv[idx] if adv.dim() == 1 else adv[idx][:, ks_]
-    loss_mat, metrics = losses.compute(a.loss, logp, old, a_idx.to(logp.device), m, **kw)
+    loss_mat, metrics = losses.compute(a.loss, logp, old, a_idx.to(logp.device, non_blocking=True), m, **kw)
     metrics = dict(metrics)
     if ref is not None:
         # a pipeline that knows the exact KL (flow: Gaussian transitions with equal std) returns it in aux
         # mask=m: padding may hold -inf/NaN, which would otherwise reach the gradient through k2/k3
-        ref_k = ref[idx][:, ks_].to(logp.device)
+        ref_k = ref[idx][:, ks_].to(logp.device, non_blocking=True)
         kl_mat = aux["kl"] if "kl" in aux else losses.kl(logp, ref_k, a.kl_kind, mask=m)
         loss_mat = loss_mat + a.kl_coef * kl_mat
         metrics["kl/ref"] = torch.where(m, kl_mat, 0.0).sum() / m.sum().clamp(min=1)
@@ -109,28 +131,32 @@ def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor
         metrics.update(_per_element(logp.detach(), old, m, ks_.start or 0, **clip))
     if ks is not None and a.aggregation == "seq_mean_token_mean":
         # a row's mean over all K = sum over chunks of (chunk sum / full-row count): rescale each chunk's mean
-        full = mask[idx].sum(1).clamp(min=1).to(logp.device)  # [n]
+        full = mask[idx].sum(1).clamp(min=1).to(logp.device, non_blocking=True)  # [n]
         loss_mat = loss_mat * (m.sum(1).clamp(min=1) / full)[:, None]
-    bad = idx[~torch.isfinite(torch.where(m, loss_mat.detach(), 0.0)).all(1).cpu()].tolist()
+    rows_ok = torch.isfinite(torch.where(m, loss_mat.detach(), 0.0)).all(1)  # [n]
     loss = losses.aggregate(loss_mat, m, a.aggregation, norm_len=_norm_len(run, mask), denom=denom)
-    return loss * run.accelerator.num_processes, metrics, bad  # DDP averages gradients; denominators are global
+    return loss * run.accelerator.num_processes, metrics, rows_ok  # DDP averages gradients; denominators global
 
 
 def _per_element(logp: Tensor, old: Tensor, m: Tensor, k0: int, clip_low: float = 0.2,
-                 clip_high: float = 0.2) -> dict[str, Tensor]:
+                 clip_high: float = 0.2) -> dict[str, tuple[Tensor, Tensor]]:
     """Per decision index (e.g. denoising step), for pipelines that ask: the raw ratio's mean, population std and
-    the fractions above 1 + clip_high and below 1 - clip_low (the over-optimisation monitor of GRPO-Guard)."""
+    the fractions above 1 + clip_high and below 1 - clip_low (the over-optimisation monitor of GRPO-Guard).
+
+    Each value comes with a flag, "index j has an unmasked element here", which weights it in the running mean
+    (testing the flag on the host would wait for the device once per index)."""
     ratio = torch.exp((logp - old).clamp(-20, 20))  # [n, k]
     cnt = m.sum(0).clamp(min=1)  # [k]
     mean = torch.where(m, ratio, 0.0).sum(0) / cnt  # [k]
     std = (torch.where(m, (ratio - mean) ** 2, 0.0).sum(0) / cnt).sqrt()  # [k]
     upper = (m & (ratio > 1 + clip_high)).to(ratio.dtype).sum(0) / cnt  # [k]
     lower = (m & (ratio < 1 - clip_low)).to(ratio.dtype).sum(0) / cnt  # [k]
+    present = m.any(0)  # [k]
     out = {}
-    for j in (j for j in range(mean.numel()) if m[:, j].any()):
-        k = k0 + j
-        out.update({f"ratio/k{k}": mean[j], f"ratio/k{k}/std": std[j], f"ratio/k{k}/clip_upper": upper[j],
-                    f"ratio/k{k}/clip_lower": lower[j]})
+    for j in range(mean.numel()):
+        k, on = k0 + j, present[j]
+        out.update({f"ratio/k{k}": (mean[j], on), f"ratio/k{k}/std": (std[j], on),
+                    f"ratio/k{k}/clip_upper": (upper[j], on), f"ratio/k{k}/clip_lower": (lower[j], on)})
     return out
 
 
@@ -155,75 +181,138 @@ def _norm_len(run: Run, mask: Tensor) -> int | None:
 def _reference(run: Run, batch: Batch) -> Tensor | None:
     if run.cfg.algo.kl_coef == 0:
         return None
-    n, mb = batch.rollout.num_samples, run.cfg.algo.micro_batch_size
+    n, mb = batch.rollout.num_samples, run.micro_batch_size
     parts = [run.policy.ref_logp(batch.rollout, torch.arange(i, min(i + mb, n))) for i in range(0, n, mb)]
     return None if parts[0] is None else torch.cat(parts).float()  # [N, K]
 
 
-def _pieces(run: Run, mb: Tensor, k: int) -> list[tuple[Tensor, slice | None, float]]:
-    """(samples, K chunk, weight) per forward/backward of one mini-batch on this rank, padded with weight-0 pieces to
-    the most any rank has: FSDP gathers weights in every forward, so all ranks must run as many (DDP only needs the
-    last backward in step, and loses no time: the padded rank would otherwise wait for the busiest one)."""
+def _minibatches(run: Run, mask: Tensor, step: int, epoch: int) -> list[Tensor]:
+    """This rank's sample indices of each mini-batch of one inner epoch. Whole groups of the GLOBAL batch are
+    shuffled with one generator on every rank, so a mini-batch holds the same samples on any rank count (whole
+    groups: group-level losses such as Reg-GRPO need them)."""
+    cfg, acc = run.cfg, run.accelerator
+    g = cfg.sample.group_size
+    b_local = mask.shape[0] // g
+    groups = torch.randperm(b_local * acc.num_processes, generator=shuffle_generator(cfg.run.seed, step, epoch))  # [B]
+    out = []
+    for mb_groups in groups.chunk(cfg.algo.num_minibatches):
+        mine = mb_groups[mb_groups // b_local == acc.process_index] - acc.process_index * b_local  # this rank's
+        mb = (mine[:, None] * g + torch.arange(g)).reshape(-1)  # [n_mb]
+        if not losses.needs_groups(cfg.algo.loss):  # rows with no unmasked element (filtered groups, pruned
+            mb = mb[mask[mb].any(1)]  # leaves) add nothing: no forward for them
+        out.append(mb)
+    return out
+
+
+def _pieces(run: Run, mbs: list[Tensor], k: int) -> list[list[tuple[Tensor, slice | None, float]]]:
+    """(samples, K chunk, weight) per forward/backward of each mini-batch on this rank, padded with weight-0 pieces
+    to the most any rank has: FSDP gathers weights in every forward, so all ranks must run as many (DDP only needs
+    the last backward in step, and loses no time: the padded rank would otherwise wait for the busiest one). One
+    gather for all the mini-batches of an epoch."""
     g, chunks = run.cfg.sample.group_size, _k_slices(run, k)
-    micro = mb.split(run.cfg.algo.micro_batch_size) if len(mb) else ()  # split() of an empty tensor gives one
-    pieces = [(idx, ks, 1.0) for idx in micro for ks in chunks]
-    most = int(all_gather(run.accelerator, torch.tensor([len(pieces)])).max())
-    return pieces + [(torch.arange(g), chunks[0], 0.0)] * (most - len(pieces))
+    plans = [[(idx, ks, 1.0) for idx in (mb.split(run.micro_batch_size) if len(mb) else ()) for ks in chunks]
+             for mb in mbs]  # split() of an empty tensor gives one empty piece, hence the guard
+    most = all_gather(run.accelerator, torch.tensor([[len(p) for p in plans]])).max(0).values.tolist()  # [M]
+    return [p + [(torch.arange(g), chunks[0], 0.0)] * (m - len(p)) for p, m in zip(plans, most)]
 
 
 def update(run: Run, batch: Batch, adv: Tensor, use: Tensor, step: int) -> tuple[dict[str, float], bool, list[int]]:
     """Inner epochs over shuffled mini-batches with gradient accumulation.
 
     Returns the metrics, False when a NaN/Inf loss or gradient skipped an optimizer step, and the local indices of
-    the samples whose loss was not finite."""
-    cfg, acc, a = run.cfg, run.accelerator, run.cfg.algo
+    the samples whose loss was not finite. The host reads a device value once per optimizer step (the NaN check)."""
+    acc, a = run.accelerator, run.cfg.algo
     mask = batch.rollout.mask & use[:, None]  # [N, K]
+    if run.micro_batch_size is None:
+        run.micro_batch_size = _auto_micro_batch(run, batch, adv, mask)
     ref = _reference(run, batch)
-    acc_metrics, ok, bad_samples = _Acc(), True, set()
-    n = batch.rollout.num_samples
-    g, rank, world = cfg.sample.group_size, acc.process_index, acc.num_processes
-    b_local = n // g
-    group_loss = losses.needs_groups(a.loss)
+    acc_metrics, ok, rows = _Acc(), True, []
     for epoch in range(a.inner_epochs):
-        # shuffle whole groups of the GLOBAL batch with one generator on every rank, so a mini-batch holds the
-        # same samples on any rank count; whole groups because group-level losses (Reg-GRPO) need them
-        groups = torch.randperm(b_local * world, generator=shuffle_generator(cfg.run.seed, step, epoch))  # [B]
-        for mb_groups in groups.chunk(a.num_minibatches):
-            mine = mb_groups[mb_groups // b_local == rank] - rank * b_local  # this rank's groups
-            mb = (mine[:, None] * g + torch.arange(g)).reshape(-1)  # [n_mb]
-            if not group_loss:  # rows with no unmasked element (filtered groups, pruned leaves) add nothing: skip
-                mb = mb[mask[mb].any(1)]
+        mbs = _minibatches(run, mask, step, epoch)
+        for mb, pieces in zip(mbs, _pieces(run, mbs, mask.shape[1])):
             denom = all_sum(acc, losses.denominator(mask[mb], a.aggregation, norm_len=_norm_len(run, mask)).float())
-            pieces = _pieces(run, mb, mask.shape[1])
-            finite = torch.tensor(1.0)
+            finite = torch.ones((), dtype=torch.bool, device=acc.device)  # stays on the device until the step
             for j, (idx, ks, scale) in enumerate(pieces):
                 with sync_context(acc, run.model, last=j == len(pieces) - 1), acc.autocast():
-                    loss, metrics, bad = _loss_for(run, batch, idx, ks, adv, mask, ref, denom)
+                    loss, metrics, rows_ok = _loss_for(run, batch, idx, ks, adv, mask, ref, denom)
                     loss = loss * scale
                     if scale:
-                        finite = finite * torch.isfinite(loss.detach()).float().cpu()
+                        finite = finite & torch.isfinite(loss.detach()).to(finite.device)
                     acc.backward(torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0))
-                bad_samples.update(bad if scale else [])
+                rows += [(idx, rows_ok)] if scale else []
                 metrics["loss/policy"] = loss.detach() / acc.num_processes
-                acc_metrics.add(metrics, float(mask[idx][:, ks or slice(None)].sum()) * scale)
+                acc_metrics.add(metrics, mask[idx][:, ks or slice(None)].sum() * scale)  # elements weigh
             ok = _optimizer_step(run, finite, acc_metrics) and ok
-    return acc_metrics.means(), ok, sorted(bad_samples)
+    # the host reads which samples were not finite only when a step was skipped (to name them)
+    bad = [] if ok else sorted({i for idx, r in rows for i in idx[~r.cpu()].tolist()})
+    return acc_metrics.means(), ok, bad
 
 
 def _optimizer_step(run: Run, finite: Tensor, acc_metrics: _Acc) -> bool:
-    """Clip, check finiteness on every rank, step (or skip the whole step when any rank saw NaN/Inf)."""
+    """Clip, check finiteness on every rank, step (or skip the whole step when any rank saw NaN/Inf).
+
+    The one host-device synchronisation of an optimizer step: reading the all-rank finiteness flag."""
     acc, clip = run.accelerator, run.cfg.optim.grad_clip
     params = [p for p in run.model.parameters() if p.requires_grad]
-    grad_norm = acc.clip_grad_norm_(params, clip if clip > 0 else float("inf"))
-    finite = finite * torch.isfinite(torch.as_tensor(grad_norm, dtype=torch.float32)).float().cpu()
+    grad_norm = torch.as_tensor(acc.clip_grad_norm_(params, clip if clip > 0 else float("inf")))
+    finite = (finite & torch.isfinite(grad_norm).to(finite.device)).float()
     all_ok = all_sum(acc, finite).item() == acc.num_processes
     if all_ok:
         run.optimizer.step()
         if run.ema is not None:
             run.ema.update()
-        acc_metrics.add({"grad_norm": float(grad_norm)}, 1.0)
+        acc_metrics.add({"grad_norm": grad_norm}, 1.0)
     run.optimizer.zero_grad(set_to_none=True)
     return all_ok
+
+
+def _auto_micro_batch(run: Run, batch: Batch, adv: Tensor, mask: Tensor) -> int:
+    """algo.micro_batch_size=auto: the largest micro-batch whose forward+backward fits the memory budget, from one
+    probe at 2 units, then 1 (units: samples, or whole groups for group losses). Probing 2 first counts one-time
+    allocations (kernels' workspaces) as per-unit cost, which errs towards a smaller micro-batch."""
+    cfg, acc = run.cfg, run.accelerator
+    unit = cfg.sample.group_size if losses.needs_groups(cfg.algo.loss) else 1
+    n = batch.rollout.num_samples
+    live = mask.any(1).nonzero().flatten() if unit == 1 else torch.arange(n)  # rows the update will run
+    if len(live) < 2 * unit:
+        units, why = n // unit, "fewer than two probe units in the batch"
+    else:
+        budget = cfg.algo.memory_budget_gb * 1e9 if cfg.algo.memory_budget_gb else default_budget_bytes(acc.device)
+        ks = _k_slices(run, mask.shape[1])[0]
+        peaks = {u: _probe(run, batch, live[: u * unit], ks, adv, mask) for u in (2, 1)}
+        try:
+            units = fit_micro_batch(peaks[1], peaks[2], budget, most=n // unit)
+        except ValueError as err:
+            raise UserError(f"algo.memory_budget_gb ({budget / 1e9:.3g} GB) is too small for one micro-batch of "
+                            f"{unit} sample(s): {err}; raise it, shorten the samples, or enable the pipeline's "
+                            f"gradient_checkpointing") from None
+        why = (f"forward+backward peaks {peaks[2] / 1e6:.4g} MB at {2 * unit} samples and {peaks[1] / 1e6:.4g} MB "
+               f"at {unit}, budget {budget / 1e9:.3g} GB")
+    units = int(all_gather(acc, torch.tensor([units])).min())  # every rank runs the same micro-batches
+    run.say(f"algo.micro_batch_size=auto: {units * unit} samples per forward/backward ({why})")
+    return units * unit
+
+
+def _probe(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor, mask: Tensor) -> int:
+    """Peak bytes of one forward+backward of samples idx as the update runs it; leaves no gradient and no RNG draw."""
+    acc = run.accelerator
+    ref = None
+    if run.cfg.algo.kl_coef > 0:
+        with torch.no_grad():
+            rows = run.policy.ref_logp(batch.rollout, idx)  # [n, K]
+        if rows is not None:
+            ref = torch.zeros(batch.rollout.old_logp.shape)  # [N, K], only rows idx are read
+            ref[idx] = rows.float().cpu()
+
+    def step() -> None:
+        with sync_context(acc, run.model, last=False), acc.autocast():
+            loss = _loss_for(run, batch, idx, ks, adv, mask, ref, torch.ones(()))[0]
+            acc.backward(torch.nan_to_num(loss, nan=0.0, posinf=0.0, neginf=0.0))
+
+    with torch.random.fork_rng(devices=[acc.device] if acc.device.type == "cuda" else []):
+        peak = peak_bytes(step, acc.device)
+    run.optimizer.zero_grad(set_to_none=True)
+    return peak
 
 
 def _reward_metrics(run: Run, batch: Batch) -> dict[str, float]:

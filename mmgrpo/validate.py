@@ -50,6 +50,11 @@ def _validate_run(cfg: Config) -> None:
     _need(run.log_every >= 1, f"run.log_every ({run.log_every}) must be >= 1")
     _need(run.gallery_every >= 0, f"run.gallery_every ({run.gallery_every}) must be >= 0 (0: first and last step)")
     _need(run.max_bad_steps >= 1, f"run.max_bad_steps ({run.max_bad_steps}) must be >= 1")
+    _need(run.compile in (True, False, "force"),
+          f"run.compile ({run.compile!r}) must be true (CUDA only), force (any device) or false")
+    bad = sorted(set(run.compile_kwargs) - {"fullgraph", "dynamic", "backend", "mode", "options", "disable"})
+    _need(not bad, f"run.compile_kwargs: unknown keyword(s) {bad}; torch.compile takes fullgraph, dynamic, backend, "
+                   f"mode, options and disable")
     for t in run.trackers:
         _need(t in ("tensorboard", "wandb"), f"run.trackers: unknown tracker {t!r}; choose from tensorboard, wandb")
         module = "torch.utils.tensorboard" if t == "tensorboard" else "wandb"
@@ -104,7 +109,8 @@ def _validate_algo(cfg: Config) -> None:
     _check_name(losses.POLICY_LOSSES, a.loss, "algo.loss")
     _check_kwargs(losses.POLICY_LOSSES, a.loss, a.loss_kwargs, "algo.loss_kwargs",
                   skip=("logp", "old_logp", "adv", "mask", "group_size"))
-    if losses.needs_groups(a.loss):
+    _validate_micro_batch(a)
+    if losses.needs_groups(a.loss) and a.micro_batch_size != "auto":
         _need(a.micro_batch_size % s.group_size == 0,
               f"algo.micro_batch_size ({a.micro_batch_size}) must be a multiple of sample.group_size "
               f"({s.group_size}) for algo.loss={a.loss!r}, which normalises within whole groups")
@@ -113,9 +119,19 @@ def _validate_algo(cfg: Config) -> None:
     _need(a.norm_len is None or a.norm_len >= 1, f"algo.norm_len ({a.norm_len}) must be >= 1 or null")
     _need(a.kl_coef >= 0, f"algo.kl_coef ({a.kl_coef}) must be >= 0 (0 disables the KL penalty)")
     _need(a.inner_epochs >= 1, f"algo.inner_epochs ({a.inner_epochs}) must be >= 1")
-    _need(a.micro_batch_size >= 1, f"algo.micro_batch_size ({a.micro_batch_size}) must be >= 1 samples")
     _need(1 <= a.num_minibatches <= s.batch_size,
           f"algo.num_minibatches ({a.num_minibatches}) must be between 1 and sample.batch_size ({s.batch_size})")
+
+
+def _validate_micro_batch(a) -> None:
+    mbs, budget = a.micro_batch_size, a.memory_budget_gb
+    if isinstance(mbs, str):
+        _need(mbs == "auto", f"algo.micro_batch_size ({mbs!r}) must be a whole number of samples >= 1 or auto "
+                             f"(the largest that fits algo.memory_budget_gb)")
+    else:
+        _need(mbs >= 1, f"algo.micro_batch_size ({mbs}) must be >= 1 samples (or auto)")
+    _need(budget is None or budget > 0, f"algo.memory_budget_gb ({budget}) must be > 0 GB, e.g. 20, or null "
+                                        f"(80% of the free CUDA memory, half the available RAM on the CPU)")
 
 
 def _validate_optim(cfg: Config) -> None:

@@ -396,15 +396,17 @@ def test_pieces_are_padded_to_the_busiest_rank(monkeypatch):
     import mmgrpo.trainer as tr
 
     cfg = load_config(RECIPE, ["algo.micro_batch_size=16"])
-    run = SimpleNamespace(cfg=cfg, policy=SimpleNamespace(), accelerator=None)
-    mb = torch.arange(24)  # 3 groups of 8 here -> micro-batches of 16 and 8
-    monkeypatch.setattr(tr, "all_gather", lambda acc, t: torch.cat([t, torch.tensor([4])]))  # a peer runs 4
-    pieces = tr._pieces(run, mb, k=8)
-    assert [len(idx) for idx, _, _ in pieces] == [16, 8, 8, 8]
-    assert [scale for _, _, scale in pieces] == [1.0, 1.0, 0.0, 0.0]
+    run = SimpleNamespace(cfg=cfg, policy=SimpleNamespace(), accelerator=None, micro_batch_size=16)
+    mbs = [torch.arange(24), torch.arange(8)]  # 3 groups of 8 -> micro-batches of 16 and 8; then one group
+    # a peer runs 4 pieces in the first mini-batch and 1 in the second (one gather for both)
+    monkeypatch.setattr(tr, "all_gather", lambda acc, t: torch.cat([t, torch.tensor([[4, 1]])]))
+    first, second = tr._pieces(run, mbs, k=8)
+    assert [len(idx) for idx, _, _ in first] == [16, 8, 8, 8]
+    assert [scale for _, _, scale in first] == [1.0, 1.0, 0.0, 0.0]
+    assert [(len(idx), scale) for idx, _, scale in second] == [(8, 1.0)]
     run.policy.k_chunk = 3  # chunked policies pad with their first chunk
-    monkeypatch.setattr(tr, "all_gather", lambda acc, t: torch.cat([t, torch.tensor([7])]))
-    pieces = tr._pieces(run, torch.arange(0), k=8)  # no group of this mini-batch on this rank
+    monkeypatch.setattr(tr, "all_gather", lambda acc, t: torch.cat([t, torch.tensor([[7]])]))
+    (pieces,) = tr._pieces(run, [torch.arange(0)], k=8)  # no group of this mini-batch on this rank
     assert len(pieces) == 7 and all(scale == 0.0 and ks == slice(0, 3) for _, ks, scale in pieces)
 
 

@@ -17,6 +17,10 @@ from mmgrpo.types import Task
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
 
+ATTENTION = ("sdpa", "xformers")
+"""Attention kernels of the flow transformer and VAE: diffusers' default torch SDPA (flash / memory-efficient
+kernels picked by torch on CUDA, the math kernel on the CPU), or xformers' memory-efficient attention (CUDA)."""
+
 
 def shapes_prompts(spec: str) -> list[dict[str, Any]]:
     """ShapesWorld prompts "shapes:<split>[:<category>,...]" as records with their GenEval-style category."""
@@ -200,7 +204,7 @@ def check_flow_kwargs(**given) -> None:
     sde, plan, plan_kwargs, objective = kw["sde"], kw["plan"], kw["plan_kwargs"], kw["objective"]
     num_steps, lora_rank, k_chunk, nft_steps = kw["num_steps"], kw["lora_rank"], kw["k_chunk"], kw["nft_steps"]
     ratio_norm, step_weights, torch_dtype = kw["ratio_norm"], kw["step_weights"], kw["torch_dtype"]
-    same_noise_per_group = kw["same_noise_per_group"]
+    same_noise_per_group, attention = kw["same_noise_per_group"], kw["attention"]
     if sde not in sde_mod.STEPS or sde in ("ode", "ddim"):
         raise UserError(f"pipeline.kwargs.sde ({sde!r}) must be a stochastic flow step: flow_grpo, dance or cps")
     _check_plan(plan, plan_kwargs or {}, objective)
@@ -215,6 +219,20 @@ def check_flow_kwargs(**given) -> None:
     _check_guard(objective, ratio_norm, step_weights)
     if torch_dtype is not None and torch_dtype not in _DTYPES:
         raise UserError(f"pipeline.kwargs.torch_dtype ({torch_dtype!r}) must be one of {sorted(_DTYPES)} or null")
+    if attention not in ATTENTION:
+        raise UserError(f"pipeline.kwargs.attention ({attention!r}) must be one of {', '.join(ATTENTION)}")
+
+
+def check_attention(attention: str, device: torch.device) -> None:
+    """xformers needs CUDA and the package (the `cuda` extra); say so in one line before any weight loads."""
+    if attention != "xformers":
+        return
+    import importlib.util
+
+    if torch.device(device).type != "cuda" or importlib.util.find_spec("xformers") is None:
+        why = "no CUDA device" if torch.device(device).type != "cuda" else "the xformers package is not installed"
+        raise UserError(f"pipeline.kwargs.attention=xformers needs CUDA and xformers ({why}); install the cuda extra "
+                        f"(pip install -e \".[cuda]\") on a CUDA machine, or use attention=sdpa")
 
 
 def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.float32, model: str = "",
@@ -227,19 +245,22 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
                lora_alpha: float | None = None, lora_targets: list[str] | None = None, reference: bool = True,
                k_chunk: int | None = None, torch_dtype: str | None = None, gradient_checkpointing: bool = False,
                decode_batch_size: int = 8, objective: str = "grpo", nft_steps: int = 2, ratio_norm: bool = False,
-               step_weights: str = "none", reward_inputs: list[str] | str | None = None) -> Task:
+               step_weights: str = "none", reward_inputs: list[str] | str | None = None,
+               attention: str = "sdpa") -> Task:
     """GRPO on a diffusers flow model (SD3/SD3.5, FLUX.1, Wan 2.1): SDE rollouts, exact log-probs, LoRA or full FT.
 
     reward_inputs: the input kinds of the configured rewards (rewards.api INPUTS); ["latent"] skips the VAE in
     rollouts (samples are the final latents). None decodes to pixels unless the engine reports the rewards' inputs
-    through policy.set_reward_inputs."""
+    through policy.set_reward_inputs. attention: "sdpa" (diffusers' default) or "xformers" (CUDA, the cuda
+    extra); gradient_checkpointing recomputes the transformer's blocks in backward (activation memory for time)."""
     from pipelines.flow.models import MODEL_TYPES, adapter_for, model_type_of, num_params
     from pipelines.flow.policy import FlowPolicy
 
     check_flow_kwargs(sde=sde, plan=plan, plan_kwargs=plan_kwargs, objective=objective, num_steps=num_steps,
                       lora_rank=lora_rank, k_chunk=k_chunk, nft_steps=nft_steps, ratio_norm=ratio_norm,
                       step_weights=step_weights, same_noise_per_group=same_noise_per_group,
-                      torch_dtype=torch_dtype)
+                      torch_dtype=torch_dtype, attention=attention)
+    check_attention(attention, device)
     reward_inputs = _reward_inputs(reward_inputs)
     train = _records(data, prompts, "training prompts")
     if not train:
@@ -263,6 +284,8 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
         transformer.requires_grad_(True)
     if gradient_checkpointing:
         transformer.enable_gradient_checkpointing()
+    if attention == "xformers":
+        pipe.enable_xformers_memory_efficient_attention()  # transformer (LoRA included) and VAE
     h, w = (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
     adapter = adapter_for(model_type)(pipe, height=h, width=w, num_frames=num_frames, guidance_scale=guidance_scale,
                                    negative_prompt=negative_prompt, max_sequence_length=max_sequence_length,
