@@ -84,6 +84,33 @@ def test_shared_equals_plain_outputs_and_grads(cache, name):
     assert text_config(model.model)._attn_implementation == "sdpa"  # the switch is undone after the forward
 
 
+@pytest.mark.parametrize("setup", ["lora", "checkpointing"])
+def test_shared_equals_plain_with_lora_and_checkpointing(cache, setup):
+    """LoRA (peft on the text projections, as build_vlm wraps it): grouped attention, adapter gradients equal the
+    plain batch's. Gradient checkpointing: auto falls back to the block mask (the recompute runs outside the
+    grouped switch), still equal to the plain batch."""
+    from peft import LoraConfig, get_peft_model
+
+    from pipelines.vlm.build import LORA_TARGETS
+
+    proc, model = _load(cache, MODELS[0])
+    model.double().train()
+    if setup == "lora":
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, init_lora_weights=False))
+    else:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    base = model.get_base_model() if setup == "lora" else model
+    assert attention_mode(base.model, "auto") == ("grouped" if setup == "lora" else "mask")
+    enc = _enc(proc, "Is there a red circle?", (40, 40))
+    comps, lengths = torch.randint(0, 256, (3, 6), generator=torch.Generator().manual_seed(2)), torch.tensor([6, 2, 4])
+    runs = [_grads(model, lambda s=s: completion_logp(base.model, base.lm_head, [enc] * 3, comps, lengths, shared=s,
+                                                       pad_id=0)) for s in (False, True)]
+    torch.testing.assert_close(runs[1][0], runs[0][0], rtol=1e-6, atol=1e-6)
+    assert runs[0][2].keys() == runs[1][2].keys() and (setup != "lora" or all("lora_" in k for k in runs[0][2]))
+    for k, g in runs[0][2].items():
+        assert (runs[1][2][k] - g).norm() <= 1e-6 * g.norm().clamp(min=1e-30), k
+
+
 def _dense_reference(q, k, v, seg, scale):
     """softmax(q k^T * scale + block mask) v over each whole row, K/V heads repeated for GQA: [R, L, H, D]."""
     rep = q.shape[1] // k.shape[1]
