@@ -310,6 +310,10 @@ def test_supports_shared_falls_back_cleanly(cache):
 
     ok, why = supports_shared(Other())
     assert not ok and "llava" in why
+    Other.config.model_type = "qwen2_vl"
+    Other.config.text_config = type("T", (), {"layer_types": ["full_attention", "sliding_attention"]})()
+    ok, why = supports_shared(Other())
+    assert not ok and "sliding-window" in why
 
 
 def test_builder_falls_back_to_the_plain_batch(cache, monkeypatch):

@@ -93,18 +93,21 @@ def _own(x: Tensor, lay: RowLayout) -> Tensor:
 
 def grouped_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                       dropout: float = 0.0, scaling: float | None = None, prefix_layout: PrefixLayout | None = None,
-                      **kwargs) -> tuple[Tensor, None]:
+                      sliding_window: int | None = None, **kwargs) -> tuple[Tensor, None]:
     """transformers attention function: softmax(q k^T * scaling + mask) v per row, grouped (Prefix Grouper eq. 4).
 
     Args:
         query: [R, H, L, D].  key, value: [R, Hkv, L, D] (H a multiple of Hkv).  attention_mask: ignored (the
         layout defines it).  prefix_layout: from `prefix_layout(seg)`, passed through the model's kwargs.
+        sliding_window: must be None (no sliding-window layers; `prefix.supports_shared` rules them out).
     Returns:
         ([R, L, H, D] attention output, None) as transformers' sdpa_attention_forward.
     """
     if prefix_layout is None:
         raise ValueError(f"attention {GROUPED!r} needs prefix_layout= in the model call; run the model inside "
                          "pipelines.vlm.attention.grouped_text with the layout, or use sdpa")
+    if sliding_window is not None:
+        raise ValueError(f"grouped attention has no sliding window (got sliding_window={sliding_window}); use sdpa")
     rows, heads, length, dim = query.shape
     if rows != len(prefix_layout.rows) or length != prefix_layout.length:
         raise ValueError(f"prefix_layout is for {len(prefix_layout.rows)} rows of {prefix_layout.length} tokens, "

@@ -36,6 +36,8 @@ def supports_shared(model: nn.Module) -> tuple[bool, str]:
     attn = getattr(cfg, "_attn_implementation", None) or "eager"
     if attn not in ("sdpa", "eager"):
         return False, f"attention {attn!r} takes no custom 4D mask (use sdpa or eager)"
+    if "sliding_attention" in (getattr(getattr(cfg, "text_config", cfg), "layer_types", None) or ()):
+        return False, "sliding-window attention layers (use_sliding_window) are not in the shared row's mask"
     return True, ""
 
 
