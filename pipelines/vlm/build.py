@@ -112,7 +112,8 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
               instruction: str | None = FORMAT_INSTRUCTION, prefix_sharing: str | bool = "auto",
               logp_chunk_tokens: int = 1024, reference: str = "auto", care_likelihood: bool = False,
               care_ema_decay: float = 0.995, care_ema_every: int = 10, check_logp: bool = False,
-              rollout_backend: str = "hf", vllm_gpu_memory_utilization: float = 0.3,
+              rollout_backend: str = "hf", rollout_prompts_per_call: int = 0,
+              vllm_gpu_memory_utilization: float = 0.3,
               vllm_max_model_len: int | None = None, vllm_enable_sleep_mode: bool = False,
               vllm_engine_kwargs: dict[str, Any] | None = None, cache_dir: str | None = None) -> Task:
     """GRPO on an image-text-to-text model (Qwen2-VL, Qwen2.5-VL, ...) over VQA-style records with verifiable answers."""
@@ -124,15 +125,17 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
     _check(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, logp_chunk_tokens=logp_chunk_tokens,
            model_dtype=model_dtype)
     _check_rollout(rollout_backend, check_logp=check_logp, gpu_memory_utilization=vllm_gpu_memory_utilization,
-                   max_model_len=vllm_max_model_len, max_new_tokens=max_new_tokens)
+                   max_model_len=vllm_max_model_len, max_new_tokens=max_new_tokens,
+                   prompts_per_call=rollout_prompts_per_call)
     common = {"seed": seed, "resolution": resolution, "question_types": question_types,
               "skip_bad_images": skip_bad_images}
     train = load_records(data, split="train", size=train_size, field="pipeline.kwargs.data", **common)
     evals = load_records(eval_data or SHAPES_VQA, split="val", size=eval_size, field="pipeline.kwargs.eval_data",
                          **common) if (eval_data or data == SHAPES_VQA) else []
     # before the model loads: a missing vllm package or GPU fails in a second, not after loading 7B weights
-    backend = make_backend(rollout_backend, model_path=_model_path(model, cache_dir, rollout_backend), device=device, dtype=model_dtype, seed=seed,
-                           gpu_memory_utilization=vllm_gpu_memory_utilization, max_model_len=vllm_max_model_len,
+    backend = make_backend(rollout_backend, prompts_per_call=rollout_prompts_per_call,
+                           model_path=_model_path(model, cache_dir, rollout_backend), device=device, dtype=model_dtype,
+                           seed=seed, gpu_memory_utilization=vllm_gpu_memory_utilization, max_model_len=vllm_max_model_len,
                            enable_sleep_mode=vllm_enable_sleep_mode, max_images=max_images(train + evals),
                            min_pixels=min_pixels, max_pixels=max_pixels, engine_kwargs=vllm_engine_kwargs)
     torch.manual_seed(seed)
@@ -175,11 +178,15 @@ def _check(**kw: Any) -> None:
 
 
 def _check_rollout(backend: str, *, check_logp: bool, gpu_memory_utilization: float, max_model_len: int | None,
-                   max_new_tokens: int) -> None:
+                   max_new_tokens: int, prompts_per_call: int = 0) -> None:
     from pipelines.vlm.rollout import ROLLOUT_BACKENDS
 
     if backend not in ROLLOUT_BACKENDS:
         raise UserError(f"pipeline.kwargs.rollout_backend ({backend!r}) must be one of {list(ROLLOUT_BACKENDS)}")
+    if not isinstance(prompts_per_call, int) or prompts_per_call < 0:
+        raise UserError(f"pipeline.kwargs.rollout_prompts_per_call ({prompts_per_call!r}) must be an integer >= 0: "
+                        f"prompts sampled together (0 = all of a rank's prompts in one batch; lower it to bound "
+                        f"the rollout's KV cache)")
     if backend != "vllm":
         return
     if check_logp:

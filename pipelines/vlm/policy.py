@@ -28,7 +28,7 @@ def unwrap(hf: nn.Module) -> nn.Module:
 
 class VLMModule(nn.Module):
     """Task.module: owns the (peft-wrapped) model; forward(prompts, completions, lengths) -> (logp, entropy) [n, K],
-    or forward(generate=kwargs) -> hf.generate(**kwargs).
+    or forward(generate=kwargs) -> hf.generate(**kwargs), or forward(step=kwargs) -> hf(**kwargs) (one sampling step).
 
     The whole log-prob computation runs inside this forward, so accelerate's DDP wrapper sees one forward call.
     """
@@ -45,9 +45,13 @@ class VLMModule(nn.Module):
 
     def forward(self, prompts: list[dict[str, Any]] | None = None, completions: Tensor | None = None,
                 lengths: Tensor | None = None, shared: bool | None = None, *,
-                generate: dict[str, Any] | None = None) -> Any:
-        if generate is not None:  # sampling enters here too, so wrapper hooks (FSDP2's weight gathering) run
+                generate: dict[str, Any] | None = None, step: dict[str, Any] | None = None) -> Any:
+        # sampling enters here too (generate, or one step of the rollout's own loop), so wrapper hooks run (FSDP2's
+        # weight gathering)
+        if generate is not None:
             return self.hf.generate(**generate)
+        if step is not None:
+            return self.hf(**step)
         base = unwrap(self.hf)
         return completion_logp(base.model, base.get_output_embeddings(), prompts, completions, lengths,
                                shared=self.shared if shared is None else shared, pad_id=self.pad_id,
@@ -121,11 +125,11 @@ class VLMPolicy:
     def _generation_config(self, group_size: int):
         from transformers import GenerationConfig
 
-        # every sampling knob explicit: a model's own defaults (top_k=50, repetition_penalty=1.05) would sample from
-        # a different distribution than the one logp() scores
-        return GenerationConfig(do_sample=True, temperature=self.s.temperature, top_p=self.s.top_p, top_k=self.s.top_k,
-                                repetition_penalty=1.0, max_new_tokens=self.s.max_new_tokens,
-                                suppress_tokens=self.module.suppress_ids or None,
+        # the sampling (temperature, top-k, top-p, per-prompt seeds) is GroupSampler's, which leaves one finite score
+        # per row, so generate's own softmax + multinomial returns that token. Every other knob explicit and neutral:
+        # a model's own defaults (top_k=50, repetition_penalty=1.05) would change the distribution logp() scores
+        return GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0,
+                                max_new_tokens=self.s.max_new_tokens, suppress_tokens=self.module.suppress_ids or None,
                                 num_return_sequences=group_size, pad_token_id=self.tokenizer.pad_token_id,
                                 eos_token_id=self.eos_ids, return_dict_in_generate=True,
                                 output_logits=self.check_logp)

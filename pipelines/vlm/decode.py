@@ -1,0 +1,105 @@
+"""The hf backend's own sampling loop for M-RoPE VLMs (Qwen2/2.5/3-VL): each prompt's image and text are prefilled
+once, the KV cache is repeated G times, then the B x G rows decode together.
+
+transformers' `generate` repeats every input G times before its prefill, so it runs the vision tower and the prompt
+on B x G rows; here they run on B rows (the decode steps are the same work). Sampling is GroupSampler's (the same
+warpers, softmax and per-prompt seeded multinomial), the stop rule `_StopTracker`'s, and positions continue after
+each prompt's last M-RoPE position, as in `generate` and in the prefix-shared update (pipelines/vlm/prefix.py), so
+the completions are those of `hf_generate` up to float round-off in the logits (checked in tests/test_vlm_rollout.py).
+"""
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from pipelines.vlm.prefix import SHARED_MODEL_TYPES, TOKEN_KEYS, mrope_positions
+
+
+def supports_own_loop(policy: Any) -> bool:
+    """Whether `prefill_once_generate` applies: an M-RoPE model type whose positions prefix.py computes."""
+    from pipelines.vlm.policy import unwrap
+
+    return getattr(unwrap(policy.module.hf).config, "model_type", None) in SHARED_MODEL_TYPES
+
+
+def prompt_batch(lm: Any, encs: list[dict[str, Any]], pad_id: int) -> tuple[dict[str, Tensor], Tensor]:
+    """Model inputs for B prompts, left-padded (input_ids pad_id, masks 0) with explicit M-RoPE positions [3, B, L],
+    per-image tensors concatenated; and each prompt's next position [B] (its largest position + 1)."""
+    width = max(e["input_ids"].shape[1] for e in encs)
+    dev = encs[0]["input_ids"].device
+    ids = torch.full((len(encs), width), pad_id, dtype=torch.long, device=dev)  # [B, L]
+    att, mm = torch.zeros_like(ids), torch.zeros_like(ids)  # [B, L]
+    pos = torch.ones((3, len(encs), width), dtype=torch.long, device=dev)  # [3, B, L] padding: any position
+    nxt = torch.zeros(len(encs), dtype=torch.long, device=dev)  # [B]
+    for b, enc in enumerate(encs):
+        lp = enc["input_ids"].shape[1]
+        ids[b, width - lp:], att[b, width - lp:] = enc["input_ids"][0], 1
+        if "mm_token_type_ids" in enc:
+            mm[b, width - lp:] = enc["mm_token_type_ids"][0]
+        p = mrope_positions(lm, enc)  # [3, Lp]
+        pos[:, b, width - lp:] = p
+        nxt[b] = int(p.max()) + 1
+    keys = [k for k, v in encs[0].items() if isinstance(v, Tensor) and k not in TOKEN_KEYS and not k.startswith("_")]
+    batch = {"input_ids": ids, "attention_mask": att, "position_ids": pos,
+             **{k: torch.cat([e[k] for e in encs], dim=0) for k in keys}}
+    if "mm_token_type_ids" in encs[0]:
+        batch["mm_token_type_ids"] = mm
+    return batch, nxt
+
+
+def _all_done(done: bool, synced: bool, device: torch.device) -> bool:
+    """This rank's done flag, or under synced_gpus whether every rank is done (FSDP ranks forward in lockstep)."""
+    if not synced:
+        return done
+    flag = torch.tensor(0.0 if done else 1.0, device=device)
+    torch.distributed.all_reduce(flag)
+    return float(flag) == 0.0
+
+
+@torch.no_grad()
+def prefill_once_generate(policy: Any, encs: list[dict[str, Any]], group_size: int, seeds: list[int]):
+    """Completions [N, T] (N = B x G, prompt-major), generation-time raw logits [N, T, V] when policy.check_logp (else
+    None), and the _StopTracker that saw them. Forwards go through policy.module (FSDP2 root hooks gather as in
+    training); under synced_gpus a finished rank keeps stepping until every rank is done."""
+    from transformers import DynamicCache
+
+    from pipelines.vlm.policy import unwrap
+    from pipelines.vlm.rollout import GroupSampler, _StopTracker
+
+    base, s, pad = unwrap(policy.module.hf), policy.s, policy.tokenizer.pad_token_id
+    synced = bool(policy.synced_gpus())
+    batch, nxt = prompt_batch(base.model, encs, pad)
+    g = group_size
+    cache = DynamicCache(config=base.config)
+    out = policy.module(step={**batch, "past_key_values": cache, "use_cache": True, "logits_to_keep": 1})
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(g)
+    att = batch["attention_mask"].repeat_interleave(g, dim=0)  # [N, L]
+    nxt = nxt.repeat_interleave(g)  # [N]
+    logits = out.logits[:, -1].float().repeat_interleave(g, dim=0)  # [N, V]
+    sampler = GroupSampler(seeds, g, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, device=policy.device)
+    stops = _StopTracker(0, policy.eos_ids, s.stop, policy.tokenizer)
+    suppress = policy.module.suppress.to(logits.device)
+    n = logits.shape[0]
+    tokens = torch.empty((n, 0), dtype=torch.long, device=logits.device)  # [N, t]
+    raw, finished = [], torch.zeros(n, dtype=torch.bool, device=logits.device)  # [N]
+    done, steps = False, 0
+    while True:  # one sampled token (until this rank is done), one collective when synced, one forward per round
+        if not done:
+            if policy.check_logp:
+                raw.append(logits)
+            scores = logits.masked_fill(suppress, float("-inf"))  # generate's suppress_tokens
+            nxt_tok = torch.where(finished, pad, sampler(tokens, scores).argmax(-1))  # [N] finished rows pad
+            tokens = torch.cat([tokens, nxt_tok[:, None]], dim=1)  # [N, t + 1]
+            finished = finished | stops(tokens).to(finished.device)
+            done = bool(finished.all()) or tokens.shape[1] == s.max_new_tokens
+        if _all_done(done, synced, logits.device):
+            break
+        att = torch.cat([att, att.new_ones(n, 1)], dim=1)  # [N, L + steps + 1]
+        pos = (nxt + steps).view(1, n, 1).expand(3, n, 1)  # [3, N, 1] text positions continue after the prompt
+        out = policy.module(step={"input_ids": tokens[:, -1:], "attention_mask": att, "position_ids": pos,
+                                  "past_key_values": cache, "use_cache": True})  # a done rank's output is unused
+        cache, steps = out.past_key_values, steps + 1
+        logits = out.logits[:, -1].float()  # [N, V]
+    return tokens, (torch.stack(raw, dim=1) if raw else None), stops
