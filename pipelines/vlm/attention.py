@@ -94,7 +94,8 @@ def _own(x: Tensor, lay: RowLayout) -> Tensor:
 def grouped_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                       dropout: float = 0.0, scaling: float | None = None, prefix_layout: PrefixLayout | None = None,
                       sliding_window: int | None = None, **kwargs) -> tuple[Tensor, None]:
-    """transformers attention function: softmax(q k^T * scaling + mask) v per row, grouped (Prefix Grouper eq. 4).
+    """transformers attention function: softmax(q k^T * scaling + mask) v per row, grouped as Prefix Grouper
+    (arXiv:2506.05433) does it.
 
     Args:
         query: [R, H, L, D].  key, value: [R, Hkv, L, D] (H a multiple of Hkv).  attention_mask: ignored (the
