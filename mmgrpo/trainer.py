@@ -274,21 +274,23 @@ def _auto_micro_batch(run: Run, batch: Batch, adv: Tensor, mask: Tensor) -> int:
     unit = cfg.sample.group_size if losses.needs_groups(cfg.algo.loss) else 1
     n = batch.rollout.num_samples
     live = mask.any(1).nonzero().flatten() if unit == 1 else torch.arange(n)  # rows the update will run
-    if len(live) < 2 * unit:
-        units, why = n // unit, "fewer than two probe units in the batch"
+    if any_rank(acc, len(live) < 2 * unit):  # all ranks probe or none (FSDP gathers weights in every forward)
+        units, why = n // unit, "too few samples to probe"
     else:
         budget = cfg.algo.memory_budget_gb * 1e9 if cfg.algo.memory_budget_gb else default_budget_bytes(acc.device)
         ks = _k_slices(run, mask.shape[1])[0]
         peaks = {u: _probe(run, batch, live[: u * unit], ks, adv, mask) for u in (2, 1)}
         try:
             units = fit_micro_batch(peaks[1], peaks[2], budget, most=n // unit)
-        except ValueError as err:
-            raise UserError(f"algo.memory_budget_gb ({budget / 1e9:.3g} GB) is too small for one micro-batch of "
-                            f"{unit} sample(s): {err}; raise it, shorten the samples, or enable the pipeline's "
-                            f"gradient_checkpointing") from None
+        except ValueError:
+            units = 0  # decided together below: a rank that raised alone would leave the others waiting
         why = (f"forward+backward peaks {peaks[2] / 1e6:.4g} MB at {2 * unit} samples and {peaks[1] / 1e6:.4g} MB "
                f"at {unit}, budget {budget / 1e9:.3g} GB")
     units = int(all_gather(acc, torch.tensor([units])).min())  # every rank runs the same micro-batches
+    if units == 0:
+        raise UserError(f"algo.memory_budget_gb ({budget / 1e9:.3g} GB) is too small for one micro-batch of {unit} "
+                        f"sample(s) on some rank ({why}); raise it, shorten the samples, or enable the pipeline's "
+                        f"gradient_checkpointing")
     run.say(f"algo.micro_batch_size=auto: {units * unit} samples per forward/backward ({why})")
     return units * unit
 

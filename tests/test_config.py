@@ -219,3 +219,15 @@ def test_config_docs_list_every_field():
             assert f"| `{f.name}` |" in text, f"{cls.__name__}.{f.name} missing from docs/config.md"
     assert "| `norm_len` | `int \\| None` | `null` |" in text
     assert "| `betas` | `list[float]` | `[0.9, 0.999]` |" in text
+
+
+def test_union_fields_take_the_first_type_that_fits():
+    # micro_batch_size: int | str, compile: bool | str, memory_budget_gb: float | None (ints widen to float)
+    cfg = load_config(TOY, ["algo.micro_batch_size=auto", "algo.memory_budget_gb=4", "run.compile=force"])
+    assert cfg.algo.micro_batch_size == "auto" and cfg.algo.memory_budget_gb == 4.0
+    assert isinstance(cfg.algo.memory_budget_gb, float) and cfg.run.compile == "force"
+    cfg = load_config(TOY, ["algo.micro_batch_size=12", "run.compile=true"])
+    assert cfg.algo.micro_batch_size == 12 and cfg.run.compile is True
+    assert load_config(TOY).algo.memory_budget_gb is None and load_config(TOY).run.compile is False
+    with pytest.raises(UserError, match=r"algo.micro_batch_size: expected int or str, got \[4\] \(list\)"):
+        load_config(TOY, ["algo.micro_batch_size=[4]"])

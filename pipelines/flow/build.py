@@ -251,8 +251,7 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
 
     reward_inputs: the input kinds of the configured rewards (rewards.api INPUTS); ["latent"] skips the VAE in
     rollouts (samples are the final latents). None decodes to pixels unless the engine reports the rewards' inputs
-    through policy.set_reward_inputs. attention: "sdpa" (diffusers' default) or "xformers" (CUDA, the cuda
-    extra); gradient_checkpointing recomputes the transformer's blocks in backward (activation memory for time)."""
+    through policy.set_reward_inputs. attention: "sdpa" (diffusers' default) or "xformers" (CUDA, the cuda extra)."""
     from pipelines.flow.models import MODEL_TYPES, adapter_for, model_type_of, num_params
     from pipelines.flow.policy import FlowPolicy
 
