@@ -327,3 +327,30 @@ def test_rollout_loop_reads_nothing_back_from_the_device(kind):
         sde.step(kind, x, x, *bad, noise_level=0.7)
     with pytest.raises(RuntimeError, match="meta"):  # device sigmas are still checked, by reading them back
         sde.step(kind, x, x, bad[0].to("meta"), bad[1].to("meta"), noise_level=0.7)
+
+
+def test_window_tail_stride_runs_a_coarser_ode_after_the_window():
+    # MixGRPO-Flash's idea, first order: T = 8, window on steps 1-2 (iteration 2 // 2 = 1), tail_stride 2: after the
+    # window the ODE visits sigma indices 3, 5, 7, 8 (3 steps instead of 5), so a member takes 3 + 3 = 6 model calls
+    t_total, seeds = 8, [4]
+    kw = {"train": "window", "window_size": 2, "window_every": 2, "iteration": 2, "num_steps": t_total, "seeds": seeds}
+    plan, trained = _plan("independent", tail_stride=2, **kw)
+    assert plan.granularities == (2,) and plan.roots == 4 and trained[:, 1:3].all() and trained.sum() == 8
+    sig = sde.sigmas(t_total, 3.0).double()
+    vel = lambda x, s, p: torch.tanh(1.3 * x) - s.view(-1, 1, 1) * x
+    run = lambda p, tr: P.execute(p, seeds=seeds, shape=(2, 3), sigmas=sig, trained=tr, velocity=vel, step=sde.step,
+                                  noise_level=0.7, dtype=torch.float64)
+    coarse, full = run(plan, trained), run(*_plan("independent", **kw))
+    assert coarse.nfe == 4 * 6 == P.count_nfe(plan, 1) and full.nfe == 4 * 8
+    # the window's transitions are the full plan's (same noises), only the tail differs
+    for a, b in [(coarse.x_t, full.x_t), (coarse.x_next, full.x_next), (coarse.logp, full.logp)]:
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    x = full.x_next[:, 1]  # [4, 2, 3] after step 2; Euler by hand on sigma indices 3 -> 5 -> 7 -> 8
+    for i, j in [(3, 5), (5, 7), (7, 8)]:
+        x = x + (sig[j] - sig[i]) * vel(x, sig[i].expand(4), None)
+    torch.testing.assert_close(coarse.final, x, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(coarse.final, full.final)
+    # a window that ends at the last step has no tail to coarsen; other step selections refuse the option
+    assert _plan("independent", tail_stride=2, **{**kw, "iteration": 12})[0].granularities == (1,)  # steps 6-7
+    with pytest.raises(ValueError, match="tail_stride"):
+        _plan("independent", train="all", tail_stride=2)

@@ -90,6 +90,20 @@ def test_same_noise_window_after_step_zero_splits_there_with_ratio_one(tiny):
     torch.testing.assert_close(torch.exp(lp - r.old_logp), torch.ones_like(lp), rtol=0, atol=1e-5)
 
 
+def test_same_noise_window_with_a_coarse_ode_tail(tiny):
+    # MixGRPO-Flash's idea (tail_stride 2) on the window above with T = 6: the ODE after the window visits sigma
+    # indices 3, 5, 6 (2 steps instead of 3); the window's transitions still re-score to ratio 1
+    task = _build(tiny["sd3"], same_noise_per_group=True, plan="independent", guidance_scale=3.0, num_steps=6,
+                  plan_kwargs={"train": "window", "window_size": 2, "window_every": 1, "tail_stride": 2})
+    task.policy.set_iteration(1)
+    r = task.policy.rollout(_records(), 4, [5, 6])
+    # steps 0-1 once per prompt, then per member step 2 and the tail 3 -> 5 -> 6: (2 + 4 * 3) / 4 = 3.5, not 4.5
+    assert task.policy.last_plan.granularities == (2,) and r.metrics["rollout/nfe_per_sample"] == 3.5
+    assert r.mask.all() and r.extras["step"][0].tolist() == [1, 2]
+    lp, _ = task.policy.logp(task.module, r, torch.arange(8))
+    torch.testing.assert_close(torch.exp(lp - r.old_logp), torch.ones_like(lp), rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("kind", ["sd3", "flux", "wan"])
 def test_rollout_is_rank_independent_and_samples_are_pixels(tiny, kind):
     pol = _build(tiny[kind], same_noise_per_group=True).policy

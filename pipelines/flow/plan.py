@@ -283,8 +283,13 @@ def window_start(iteration: int, *, num_steps: int, size: int, every: int, strid
 def independent(*, num_steps: int, group_size: int, sde: str, iteration: int, same_noise: bool, seeds: list[int],
                 train: str = "all", fraction: float = 0.6, skip_last: bool = False, window_size: int = 4,
                 window_every: int = 25, window_stride: int = 1, window_start_step: int = 0,
-                window_last: int | None = None) -> tuple[RolloutPlan, Tensor]:
-    """Independent groups: train all SDE steps (Flow-GRPO), a random fraction (DanceGRPO) or a window (MixGRPO)."""
+                window_last: int | None = None, tail_stride: int = 1) -> tuple[RolloutPlan, Tensor]:
+    """Independent groups: train all SDE steps (Flow-GRPO), a random fraction (DanceGRPO) or a window (MixGRPO).
+
+    tail_stride s > 1 (window only): MixGRPO-Flash's idea (arXiv:2507.21802) with a first-order solver: after the
+    window the ODE takes every s-th sigma of the schedule (and always the last), so fewer model calls finish each
+    sample; the samples change, nothing trained does (Flash itself runs 2nd-order DPM-Solver++ over 40% of the steps).
+    """
     t_all = num_steps - int(skip_last)
     sde_steps = [True] * num_steps
     rows = None
@@ -301,12 +306,18 @@ def independent(*, num_steps: int, group_size: int, sde: str, iteration: int, sa
         sde_steps = trained  # ODE outside the window: MixGRPO's mixed sampler
     else:
         raise ValueError(f"plan train={train!r} is not a step selection; choose all, random or window")
+    if tail_stride != 1 and (train != "window" or isinstance(tail_stride, bool) or not isinstance(tail_stride, int)
+                             or tail_stride < 1):
+        raise ValueError(f"plan tail_stride={tail_stride!r} needs train=window and an integer stride >= 1 (the ODE "
+                         f"after the window takes every tail_stride-th step); got train={train!r}")
     kinds = tuple(sde if on else "ode" for on in sde_steps)
     if same_noise:  # one noise per group: the ODE steps before the first SDE step are identical, so run them once
         first = next((t for t, kind in enumerate(kinds) if kind != "ode"), 0)
         plan = RolloutPlan(kinds, roots=1, branches={first: group_size})
     else:
         plan = RolloutPlan(kinds, roots=group_size)
+    if tail_stride > 1 and not trained[-1]:  # the coarse ODE tail is G2RPO's completion at one granularity
+        plan = dataclasses.replace(plan, granularities=(tail_stride,))
     mask = torch.tensor(trained).repeat(len(seeds) * group_size, 1)  # [N, T]
     if rows is not None:
         for i, r in enumerate(rows):
