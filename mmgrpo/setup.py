@@ -120,9 +120,13 @@ def compile_module(cfg: Config, module: torch.nn.Module, acc: Accelerator) -> bo
             print("run.compile=true: skipped on the CPU (compiling needs a C++ toolchain there and warms up slowly); "
                   "set run.compile=force to compile anyway", flush=True)
         return False
-    import torch._dynamo
+    try:
+        import torch._dynamo
 
-    if not torch._dynamo.is_dynamo_supported():
+        supported = torch._dynamo.is_dynamo_supported()
+    except ImportError:
+        supported = False
+    if not supported:
         raise UserError(f"run.compile={cfg.run.compile}: torch.compile is not supported with this Python and torch "
                         f"({torch.__version__}); set run.compile=false")
     try:

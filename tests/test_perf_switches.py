@@ -185,8 +185,8 @@ def test_compile_is_skipped_on_the_cpu_with_one_line(capsys):
     acc = SimpleNamespace(device=torch.device("cpu"), is_main_process=True)
     assert compile_module(cfg, module, acc) is False
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == ["run.compile=true: skipped on the CPU (compiling needs a C++ toolchain there and warms up slowly); "
-                   "set run.compile=force to compile anyway"]
+    assert out == [("run.compile=true: skipped on the CPU (compiling needs a C++ toolchain there and warms up "
+                    "slowly); set run.compile=force to compile anyway")]
     assert module._compiled_call_impl is None
     assert compile_module(load_config(RECIPE), module, acc) is False and capsys.readouterr().out == ""
 
