@@ -181,8 +181,8 @@ def _targets(top: dict[str, Any], *, hidden: int, layers: int) -> list[str]:
     time_line = (
         f"- >= {TARGETS['time']:.0f}x faster at G = {GROUP}, P = {p}, C = {COMPLETION}: measured {t:.2f}x "
         f"({'met' if t >= TARGETS['time'] else 'missed'}). The shared row has {tokens[0]} tokens against the plain "
-        f"batch's {tokens[1]} ({tokens[1] / tokens[0]:.1f}x fewer), so linear layers and the vision tower gain that "
-        f"much; grouped attention runs the prefix once and each completion over the prefix and itself: "
+        f"batch's {tokens[1]} ({tokens[1] / tokens[0]:.1f}x fewer), so the linear layers gain that much and the "
+        f"vision tower {GROUP}x (one image instead of {GROUP}); grouped attention runs the prefix once and each completion over the prefix and itself: "
         f"{att['grouped'] / 1e9:.1f} GFLOP of text attention per forward against {att['mask'] / 1e9:.1f} for the "
         f"dense block-mask row it replaces and {att['plain'] / 1e9:.1f} for the plain batch (formula; the counted "
         f"totals differ by {(f['mask'] - f['shared']) / 1e9:.1f} GFLOP between the two shared forms, the formula says "
