@@ -16,11 +16,13 @@ from torch import Tensor
 from pipelines.vlm.prefix import SHARED_MODEL_TYPES, TOKEN_KEYS, mrope_positions
 
 
-def supports_own_loop(policy: Any) -> bool:
-    """Whether `prefill_once_generate` applies: an M-RoPE model type whose positions prefix.py computes."""
+def supports_own_loop(policy: Any, encs: list[dict[str, Any]]) -> bool:
+    """Whether `prefill_once_generate` applies: an M-RoPE model type whose positions prefix.py computes from the
+    processor's mm_token_type_ids (transformers >= 5 processors return them)."""
     from pipelines.vlm.policy import unwrap
 
-    return getattr(unwrap(policy.module.hf).config, "model_type", None) in SHARED_MODEL_TYPES
+    kind = getattr(unwrap(policy.module.hf).config, "model_type", None)
+    return kind in SHARED_MODEL_TYPES and all("mm_token_type_ids" in e for e in encs)
 
 
 def prompt_batch(lm: Any, encs: list[dict[str, Any]], pad_id: int) -> tuple[dict[str, Tensor], Tensor]:
@@ -35,16 +37,13 @@ def prompt_batch(lm: Any, encs: list[dict[str, Any]], pad_id: int) -> tuple[dict
     for b, enc in enumerate(encs):
         lp = enc["input_ids"].shape[1]
         ids[b, width - lp:], att[b, width - lp:] = enc["input_ids"][0], 1
-        if "mm_token_type_ids" in enc:
-            mm[b, width - lp:] = enc["mm_token_type_ids"][0]
+        mm[b, width - lp:] = enc["mm_token_type_ids"][0]
         p = mrope_positions(lm, enc)  # [3, Lp]
         pos[:, b, width - lp:] = p
         nxt[b] = int(p.max()) + 1
     keys = [k for k, v in encs[0].items() if isinstance(v, Tensor) and k not in TOKEN_KEYS and not k.startswith("_")]
-    batch = {"input_ids": ids, "attention_mask": att, "position_ids": pos,
+    batch = {"input_ids": ids, "attention_mask": att, "position_ids": pos, "mm_token_type_ids": mm,
              **{k: torch.cat([e[k] for e in encs], dim=0) for k in keys}}
-    if "mm_token_type_ids" in encs[0]:
-        batch["mm_token_type_ids"] = mm
     return batch, nxt
 
 

@@ -1,5 +1,5 @@
-"""The VLM `Policy`: chat-template prompts with images, seeded rollouts (transformers `generate`, or vLLM on CUDA: see
-pipelines/vlm/rollout.py), completion log-probs through the prefix-shared (or plain) forward, LoRA or full
+"""The VLM `Policy`: chat-template prompts with images, seeded rollouts (the model's own sampling loop, or vLLM on CUDA:
+see pipelines/vlm/rollout.py), completion log-probs through the prefix-shared (or plain) forward, LoRA or full
 fine-tuning, reference by disabled adapter or frozen copy. Old log-probs are always the training model's own.
 
 K = completion tokens; the mask covers each completion up to and including its EOS or stop string.
@@ -142,8 +142,8 @@ class VLMPolicy:
         return self._synced_gpus
 
     def _generate_group(self, enc: dict[str, Any], group_size: int, seed: int) -> tuple[Tensor, Tensor, Tensor | None]:
-        """G completions [G, T] of one prompt with transformers' generate, their lengths [G], and generation-time
-        log-probs when checked (the video policy samples through this)."""
+        """G completions [G, T] of one prompt (the hf backend's sampling, seeded by `seed`), their lengths [G], and
+        generation-time log-probs when checked (the video policy samples through this)."""
         return hf_generate_group(self, enc, group_size, seed)
 
     @torch.no_grad()

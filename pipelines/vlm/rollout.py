@@ -1,5 +1,9 @@
-"""Rollout backends of the VLM policy: transformers `generate` ("hf", any device, the default) and vLLM ("vllm", CUDA
+"""Rollout backends of the VLM policy: the training model itself ("hf", any device, the default) and vLLM ("vllm", CUDA
 only, `pip install mmgrpo[vllm]`; see pipelines/vlm/rollout_vllm.py).
+
+"hf" samples all prompts of a rank's batch together (or `prompts_per_call` at a time), each prompt's G rows drawn
+from that prompt's own seeded generator (GroupSampler), so any batching or rank count gives the same completions;
+Qwen2/2.5/3-VL run pipelines/vlm/decode.py's loop (each prompt encoded once), other models one `generate` call.
 
 A backend only samples token ids. Every backend's completions go through the same stop rule (first EOS, or the token
 that completes a stop string, both kept), truncation at max_new_tokens and mask, and the old log-probs are always
@@ -200,7 +204,7 @@ def hf_generate(policy: Any, encs: list[dict[str, Any]], group_size: int, seeds:
     from pipelines.vlm.decode import prefill_once_generate, supports_own_loop
 
     if prefill_once is None:
-        prefill_once = supports_own_loop(policy)
+        prefill_once = supports_own_loop(policy, encs)
     run = prefill_once_generate if prefill_once else _generate_call
     comp, raw, stops = run(policy, encs, group_size, seeds)  # [N, T], [N, T, V] or None
     n, t = comp.shape
