@@ -1,4 +1,5 @@
-"""VLM rollout backends: the shared stop rule, the FSDP synced_gpus decision, and the vLLM backend driven through a fake
+"""VLM rollout backends: the shared stop rule, the FSDP synced_gpus decision, batched sampling seeded per prompt (both
+hf loops, against transformers' own sampling), and the vLLM backend driven through a fake
 `vllm` module (a test double of the external engine that records what it is given and returns scripted token ids;
 vllm itself needs CUDA and is not installed here)."""
 
@@ -46,6 +47,11 @@ def test_stop_lengths_follow_the_generate_stopping_rule(cache):
     for t in range(1, 7):
         tracker(torch.tensor([r[:t] for r in rows]))
     assert tracker.done_at.tolist() == [3, 2, 5, -1]
+
+
+def test_rollout_prompts_per_call_is_checked():
+    with pytest.raises(UserError, match="rollout_prompts_per_call .-1. must be an integer >= 0"):
+        build_vlm(seed=0, device=CPU, rollout_prompts_per_call=-1)
 
 
 # ----- FSDP: synced_gpus
