@@ -52,6 +52,7 @@ from bench.common import (
 
 RECIPE = REPO / "configs" / "flow" / "shapes_t2i.yaml"
 TARGETS = {"tree": 3.0, "window": 2.0}  # issue 9: tree >= 3x faster per iteration; window >= 2x gain per second
+BASE = "all steps"
 TREE_ARMS = {"independent": ("independent", {"train": "all"}),
              "tree": ("tree", {"fanout": 2}),
              "tree, pruned": ("tree", {"fanout": 2, "prune_depths": [3], "width_prune": "branch_best",
@@ -60,10 +61,10 @@ TREE_ARMS = {"independent": ("independent", {"train": "all"}),
 # (plan, plan_kwargs, other pipeline kwargs); None: the recipe's own plan. The window arm shares a group's initial
 # noise as MixGRPO's recipe does (configs/flow/sd35m_mixgrpo.yaml, MixGRPO's --init_same_noise): the ODE steps before
 # the window then run once per prompt (pipelines.flow.plan.independent), an exact saving for that distribution
-WINDOW_ARMS = {"window (MixGRPO)": ("independent", {"train": "window", "window_size": 2, "window_every": 4},
+WINDOW_ARMS = {BASE: ("independent", {"train": "all"}, None),
+               "window (MixGRPO)": ("independent", {"train": "window", "window_size": 2, "window_every": 4},
                                     {"same_noise_per_group": True}),
                "fast (Flow-GRPO-Fast, the recipe)": None}
-BASE = "all steps"
 
 
 def quiet() -> None:
@@ -81,7 +82,7 @@ def quiet() -> None:
 
 def bench_tree(base: dict, setting: dict, tmp: Path, evaluator: Evaluator, base_acc: dict) -> dict:
     """Round-robin training iterations of every arm (order reversed every round, so drift hits all alike); the
-    per-round ratio is independent's seconds over the arm's. The independent arm is also (b)'s all-step arm."""
+    per-round ratio is independent's seconds over the arm's."""
     arms = {n: Arm(n, make_run(tmp / f"a{i}", base, plan=p, plan_kwargs=k, setting=setting, seed=setting["seed"]))
             for i, (n, (p, k)) in enumerate(TREE_ARMS.items())}
     for a in arms.values():
@@ -94,8 +95,6 @@ def bench_tree(base: dict, setting: dict, tmp: Path, evaluator: Evaluator, base_
             if i >= warm:
                 outs[n].append(out)
         print(f"(a) round {i + 1}/{total}: " + ", ".join(f"{n} {arms[n].spent:.0f} s" for n in arms), flush=True)
-        if i == total // 2 - 1:
-            arms["independent"].evaluate(evaluator)  # a mid point of (b)'s all-step curve
     for a in arms.values():
         a.evaluate(evaluator)
     ind = [o["seconds"] for o in outs["independent"]]
@@ -104,8 +103,9 @@ def bench_tree(base: dict, setting: dict, tmp: Path, evaluator: Evaluator, base_
 
 
 def bench_window(base: dict, setting: dict, tmp: Path, evaluator: Evaluator, base_acc: dict, budget: float) -> dict:
-    """Fresh window and fast arms, interleaved (always the one with the least training time next) until each spent
-    `budget` seconds, evaluated at half and full budget; gain per second = slope of accuracy on training seconds."""
+    """Fresh all-step, window and fast arms, interleaved (always the one with the least training time next, so load
+    hits all alike) until each spent `budget` seconds, evaluated at half and full budget; gain per second = slope of
+    accuracy on training seconds."""
     arms = {}
     for i, (n, spec) in enumerate(WINDOW_ARMS.items()):
         plan, kw, extra = spec if spec is not None else (None, None, None)
@@ -205,19 +205,18 @@ def tree_section(res: dict, setting: dict, fwd: float, gflops: float) -> tuple[s
     return "\n".join(lines), {"figs": figs, "bound": bound}
 
 
-def window_section(tree: dict, win: dict) -> tuple[str, dict]:
-    a = tree["arms"]["independent"]
-    figs = {BASE: figures(tree["outs"]["independent"]), **{n: figures(o) for n, o in win["outs"].items()}}  # medians
-    curves = {BASE: a.curve, **{n: w.curve for n, w in win["arms"].items()}}
+def window_section(win: dict) -> tuple[str, dict]:
+    figs = {n: figures(o) for n, o in win["outs"].items()}  # medians
+    curves = {n: w.curve for n, w in win["arms"].items()}
     slopes = {n: {m: gain(c, m, "second") for m in ("partial", "strict")} for n, c in curves.items()}
     rows = []
-    for n in win["arms"]:
+    for n in list(win["arms"])[1:]:
         rows.append([n, ratio_text(slopes[n]["partial"], slopes[BASE]["partial"], 6000),
                      ratio_text(slopes[n]["strict"], slopes[BASE]["strict"], 6000),
                      f"{figs[BASE]['seconds'] / figs[n]['seconds']:.2f}x",
                      f">= {TARGETS['window']:.0f}x" if n.startswith("window") else "(variant)"])
     trail = lambda c, m: " -> ".join(f"{acc[m]:.3f}" for _, _, acc in c)
-    outs = {BASE: tree["outs"]["independent"], **win["outs"]}
+    outs = win["outs"]
     rng = lambda n, key: (f"{median([o[key] for o in outs[n]]):.0f} "
                           f"({min(o[key] for o in outs[n])}-{max(o[key] for o in outs[n])})")
     raw = [[n, c[-1][1], f"{c[-1][0]:.0f}", rng(n, "rollout_rows"), rng(n, "train_rows"), split(figs[n]),
@@ -231,9 +230,9 @@ def window_section(tree: dict, win: dict) -> tuple[str, dict]:
         md_table(["arm", "iterations", "training seconds", "rollout evaluations per iteration (median, min-max)",
                   "train evaluations (median, min-max)", "seconds: rollout (transformer forward) + update (transformer forward)",
                   "partial accuracy at 0, 1/2, 1 of the budget (change, points +- s.e.)", "strict accuracy"], raw), "",
-        ("The all-step arm is (a)'s independent arm (same settings and seed; its training seconds, warm-up "
-         "included, set the budget of the others). Gain per second = least-squares slope of accuracy on the arm's "
-         "own training seconds (evaluation excluded). The window arm shares each group's initial noise, as "
+        ("The three arms race side by side from the same start (the next iteration always goes to the arm with "
+         "the least training time, so the machine's load hits all alike). Gain per second = least-squares slope of "
+         "accuracy on the arm's own training seconds (evaluation excluded). The window arm shares each group's initial noise, as "
          "MixGRPO's recipe does (configs/flow/sd35m_mixgrpo.yaml; MixGRPO's script passes --init_same_noise): the "
          "ODE steps before the window are then the same for the group's samples and run once per prompt, the "
          "group splitting at the window's first SDE step (an exact saving for that sampling distribution, "
@@ -273,7 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="fewer prompts, iterations and eval images: a smoke run")
     ap.add_argument("--rounds", type=int, default=None, help="counted round-robin iterations per arm in part (a)")
     ap.add_argument("--budget", type=float, default=None,
-                    help="training seconds per arm in part (b) (default: what (a)'s independent arm spent)")
+                    help="training seconds per arm in part (b) (default 70)")
     args = ap.parse_args(argv)
     quiet_process()
     quiet()
@@ -282,7 +281,7 @@ def main(argv: list[str] | None = None) -> None:
 
     base = yaml.safe_load(RECIPE.read_text())
     setting = {"prompts_per_iter": 2 if args.quick else 4, "rounds": args.rounds or (2 if args.quick else 10),
-               "warmup": 1, "k_chunk": 1, "seed": 0}
+               "warmup": 1, "k_chunk": 1, "seed": 0, "budget": 10.0 if args.quick else 70.0}
     spec = val_spec(base)
     records = shapes_prompts(spec)
     per_prompt = 2 if args.quick else 8
@@ -297,10 +296,10 @@ def main(argv: list[str] | None = None) -> None:
         n_params = probe.policy.num_params
         del probe
         tree = bench_tree(base, setting, Path(tmp), evaluator, base_acc)
-        budget = args.budget or tree["arms"]["independent"].spent
+        budget = args.budget or setting["budget"]
         win = bench_window(base, setting, Path(tmp), evaluator, base_acc, budget)
     tree_md, extra = tree_section(tree, setting, fwd, gflops)
-    window_md, wextra = window_section(tree, win)
+    window_md, wextra = window_section(win)
     pngs = plots(extra["figs"], wextra["curves"])
     kw, g = base["pipeline"]["kwargs"], base["sample"]["group_size"]
     cmd = f"python bench/flow.py{' --quick' if args.quick else ''}"
@@ -380,8 +379,9 @@ def _verdict(tree: dict, extra: dict, wextra: dict) -> str:
          f"{wf[BASE]['rollout_s']:.2f} s with {wf[BASE]['rollout_rows']:.0f}: the same-noise group runs the ODE "
          f"prefix once per prompt; update {wf[w]['update_s']:.2f} s against {wf[BASE]['update_s']:.2f} s: only the "
          f"window's {WINDOW_ARMS[w][1]['window_size']} steps are back-propagated). The ODE steps after the window "
-         f"still run once per sample at the full step count (MixGRPO-Flash's coarser DPM-Solver++ tail changes the "
-         f"samples and is not implemented), so 2x per second needs a gain per iteration at least "
+         f"still run once per sample at the full step count (plan_kwargs.tail_stride, MixGRPO-Flash's idea with a "
+         f"first-order solver, takes fewer but changes the samples, so this arm keeps MixGRPO's sampler), so 2x per "
+         f"second needs a gain per iteration at least "
          f"{TARGETS['window'] / speed:.2f}x all-step's. One seed and a short budget: the largest accuracy change in "
          f"(b) is {stable(z_b)}."),
     ])
