@@ -1,5 +1,5 @@
 """The hf backend's own sampling loop for M-RoPE VLMs (Qwen2/2.5/3-VL): each prompt's image and text are prefilled
-once, the KV cache is repeated G times, then the B x G rows decode together.
+once, the KV cache is repeated G times into a preallocated (static) cache, then the B x G rows decode together.
 
 transformers' `generate` repeats every input G times before its prefill, so it runs the vision tower and the prompt
 on B x G rows; here they run on B rows (the decode steps are the same work). Sampling is GroupSampler's (the same
@@ -61,7 +61,7 @@ def prefill_once_generate(policy: Any, encs: list[dict[str, Any]], group_size: i
     """Completions [N, T] (N = B x G, prompt-major), generation-time raw logits [N, T, V] when policy.check_logp (else
     None), and the _StopTracker that saw them. Forwards go through policy.module (FSDP2 root hooks gather as in
     training); under synced_gpus a finished rank keeps stepping until every rank is done."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache, StaticCache
 
     from pipelines.vlm.policy import unwrap
     from pipelines.vlm.rollout import GroupSampler, _StopTracker
@@ -70,11 +70,15 @@ def prefill_once_generate(policy: Any, encs: list[dict[str, Any]], group_size: i
     synced = bool(policy.synced_gpus())
     batch, nxt = prompt_batch(base.model, encs, pad)
     g = group_size
-    cache = DynamicCache(config=base.config)
-    out = policy.module(step={**batch, "past_key_values": cache, "use_cache": True, "logits_to_keep": 1})
-    cache = out.past_key_values
-    cache.batch_repeat_interleave(g)
-    att = batch["attention_mask"].repeat_interleave(g, dim=0)  # [N, L]
+    out = policy.module(step={**batch, "past_key_values": DynamicCache(config=base.config), "use_cache": True,
+                              "logits_to_keep": 1})
+    # a preallocated cache written in place: growing one by concatenation copies every row's prefix at every step
+    width = batch["input_ids"].shape[1]
+    cache = StaticCache(config=base.config, max_cache_len=width + s.max_new_tokens)
+    for i, layer in enumerate(out.past_key_values.layers):
+        cache.update(layer.keys.repeat_interleave(g, dim=0), layer.values.repeat_interleave(g, dim=0), i)
+    att = torch.zeros((len(encs) * g, width + s.max_new_tokens), dtype=torch.long, device=policy.device)
+    att[:, :width] = batch["attention_mask"].repeat_interleave(g, dim=0)  # [N, L + max_new]
     nxt = nxt.repeat_interleave(g)  # [N]
     logits = out.logits[:, -1].float().repeat_interleave(g, dim=0)  # [N, V]
     sampler = GroupSampler(seeds, g, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, device=policy.device)
@@ -95,10 +99,13 @@ def prefill_once_generate(policy: Any, encs: list[dict[str, Any]], group_size: i
             done = bool(finished.all()) or tokens.shape[1] == s.max_new_tokens
         if _all_done(done, synced, logits.device):
             break
-        att = torch.cat([att, att.new_ones(n, 1)], dim=1)  # [N, L + steps + 1]
         pos = (nxt + steps).view(1, n, 1).expand(3, n, 1)  # [3, N, 1] text positions continue after the prompt
+        if done:  # synced_gpus: this rank only keeps the others' weight gathers company (no cache: it is full)
+            policy.module(step={"input_ids": tokens[:, -1:], "position_ids": pos, "use_cache": False})
+            continue
+        att[:, width + steps] = 1
         out = policy.module(step={"input_ids": tokens[:, -1:], "attention_mask": att, "position_ids": pos,
-                                  "past_key_values": cache, "use_cache": True})  # a done rank's output is unused
-        cache, steps = out.past_key_values, steps + 1
+                                  "past_key_values": cache, "use_cache": True})
+        steps += 1
         logits = out.logits[:, -1].float()  # [N, V]
     return tokens, (torch.stack(raw, dim=1) if raw else None), stops
