@@ -8,7 +8,14 @@ import torch
 from PIL import Image
 
 from mmgrpo.errors import UserError
-from pipelines.vlm.attention import GROUPED, grouped_attention, grouped_text, prefix_layout, text_config
+from pipelines.vlm.attention import (
+    GROUPED,
+    grouped_attention,
+    grouped_text,
+    prefix_layout,
+    split_kv_enabled,
+    text_config,
+)
 from pipelines.vlm.prefix import (
     _block_mask,
     attention_mode,
@@ -119,22 +126,31 @@ def _dense_reference(q, k, v, seg, scale):
     return ref.transpose(1, 2)
 
 
-def test_grouped_attention_equals_dense_mask_sdpa():
-    """Random float64 tensors, 4 query heads over 2 K/V heads: two rows of different prefix lengths, unequal
-    completions (one of 1 token), trailing padding; outputs and q/k/v gradients equal the dense block-mask SDPA."""
+@pytest.mark.parametrize("split", [True, False])
+def test_grouped_attention_equals_dense_mask_sdpa(split):
+    """Random float64 tensors, 4 query heads over 2 K/V heads: three rows of different prefix lengths, unequal
+    completions (one of 1 token) or equal ones, trailing padding; outputs and q/k/v gradients equal the dense
+    block-mask SDPA, both with the CPU split-KV completion call and with the expanded-K/V call (SDPA math backend)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     seg = torch.tensor([[0] * 5 + [1] * 3 + [2] + [4] * 4 + [-1] * 2,  # completion 3 had no tokens in the row
-                        [0] * 9 + [1] * 2 + [2] * 4])
+                        [0] * 9 + [1] * 2 + [2] * 4,
+                        [0] * 7 + [1] * 4 + [2] * 4])  # equal lengths: the own part is plain causal
     gen = torch.Generator().manual_seed(0)
-    q = torch.randn(2, 4, 15, 8, dtype=torch.float64, generator=gen).requires_grad_()
-    k = torch.randn(2, 2, 15, 8, dtype=torch.float64, generator=gen).requires_grad_()
-    v = torch.randn(2, 2, 15, 8, dtype=torch.float64, generator=gen).requires_grad_()
-    out, weights = grouped_attention(torch.nn.Module(), q, k, v, None, scaling=0.3, prefix_layout=prefix_layout(seg))
+    q = torch.randn(3, 4, 15, 8, dtype=torch.float64, generator=gen).requires_grad_()
+    k = torch.randn(3, 2, 15, 8, dtype=torch.float64, generator=gen).requires_grad_()
+    v = torch.randn(3, 2, 15, 8, dtype=torch.float64, generator=gen).requires_grad_()
+    lay = prefix_layout(seg)
+    assert [r.ragged for r in lay.rows] == [True, True, False]
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.MATH] if split else [SDPBackend.MATH]):
+        assert split_kv_enabled(q, 0.0) is split and not split_kv_enabled(q, 0.1)
+        out, weights = grouped_attention(torch.nn.Module(), q, k, v, None, scaling=0.3, prefix_layout=lay)
+        w = torch.randn(out.shape, dtype=torch.float64, generator=gen)
+        real = (seg >= 0)[:, :, None, None]  # [R, L, 1, 1] padding outputs are never read
+        grads = torch.autograd.grad((out * w * real).sum(), (q, k, v))
     ref = _dense_reference(q, k, v, seg, 0.3)
-    real = (seg >= 0)[:, :, None, None]  # [R, L, 1, 1] padding outputs are never read
-    assert weights is None and out.shape == (2, 15, 4, 8) and (out[~real.expand_as(out)] == 0).all()
+    assert weights is None and out.shape == (3, 15, 4, 8) and (out[~real.expand_as(out)] == 0).all()
     torch.testing.assert_close(out * real, ref * real, rtol=1e-12, atol=1e-12)
-    w = torch.randn(out.shape, dtype=torch.float64, generator=gen)
-    grads = torch.autograd.grad((out * w * real).sum(), (q, k, v))
     refs = torch.autograd.grad((ref * w * real).sum(), (q, k, v))
     for g, r in zip(grads, refs):
         torch.testing.assert_close(g, r, rtol=1e-12, atol=1e-12)
@@ -157,7 +173,8 @@ def test_prefix_layout_golden():
 
 
 def test_grouped_flops_formula():
-    """FlopCounterMode over the grouped function (SDPA decomposed into matmuls by the math backend) counts
+    """FlopCounterMode over the grouped function (SDPA decomposed into matmuls by the math backend, which also selects
+    the expanded-K/V completion call: the split-KV one computes the same rectangles in two parts) counts
     4 H D (P^2 + G C (P + C)) per row: q k^T and p v are 2 H D flops per (query, key) pair each. Here H = 4, D = 8;
     row 1: P = 5, G = 2, C = 3 -> 25 + 2 * 3 * 8 = 73 pairs; row 2: P = 4, G = 1, C = 2 -> 16 + 12 = 28 pairs;
     4 * 4 * 8 * 101 = 12928."""

@@ -4,7 +4,9 @@ A shared row is [prefix (P) | c_1 (m_1) | ... | c_G (m_G) | padding]. Instead of
 block mask, each layer runs: prefix queries over prefix keys, causally (one call on [1, H, P, D]); completion queries
 [G, H, C, D] over cat(prefix K/V expanded to G, own K/V) [G, H, P + C, D] (prefix all visible, own part causal). The
 expand's backward sums the prefix K/V gradient over the group, so outputs and gradients equal the block-masked row's.
-Score pairs: P^2 + G C (P + C) instead of (P + G C)^2.
+Score pairs: P^2 + G C (P + C) instead of (P + G C)^2. On CPU the completion call is split instead (no expanded copy):
+all G C queries over the prefix keys in one flash call, each completion causally over itself in another, the two
+merged by their log-sum-exp (the split-KV identity of FlashAttention's online softmax); see `_SplitKV`.
 
 The layout reaches the function through the model's **kwargs (`prefix_layout=`), which Qwen2/2.5/3-VL forward from
 the top-level call down to every text attention; the text config names this function only inside `grouped_text`.
@@ -31,6 +33,7 @@ class RowLayout:
     width: int
     index: Tensor  # [G * C] row position of each (completion, slot); padded slots repeat the completion's last token
     mask: Tensor  # [G, 1, C, P + C] bool, True = attend: the whole prefix, own slots causally and below its length
+    ragged: bool  # completions of unequal lengths (the own part needs the mask, not just causality)
     source: Tensor  # [L] per row position, index into cat(prefix out [P], completion out [G * C], zero row [1])
 
 
@@ -70,7 +73,8 @@ def _row_layout(seg: list[int], device: torch.device) -> RowLayout:
     source[:prefix] = torch.arange(prefix, device=device)
     for g, (s, m) in enumerate(spans):
         source[s: s + m] = prefix + g * width + torch.arange(m, device=device)
-    return RowLayout(prefix, len(spans), width, index, torch.cat([seen, own], -1)[:, None], source)
+    ragged = len({m for _, m in spans}) > 1
+    return RowLayout(prefix, len(spans), width, index, torch.cat([seen, own], -1)[:, None], ragged, source)
 
 
 def prefix_layout(seg: Tensor) -> PrefixLayout:
@@ -84,6 +88,66 @@ def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, sc
     rep = q.shape[-3] // k.shape[-3]
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scale,
                                           enable_gqa=rep > 1)
+
+
+_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FLASH_CPU_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+
+
+def split_kv_enabled(q: Tensor, dropout: float) -> bool:
+    """Whether the completion call runs as `_SplitKV`: CPU tensors, no dropout, torch's CPU flash kernel present and
+    SDPA's flash backend enabled (so `sdpa_kernel(SDPBackend.MATH)`, as FLOP counting uses, selects the plain call)."""
+    return (q.device.type == "cpu" and dropout == 0.0 and _FLASH_CPU is not None and _FLASH_CPU_BACKWARD is not None
+            and q.dtype in (torch.float32, torch.float64, torch.bfloat16) and torch.backends.cuda.flash_sdp_enabled())
+
+
+def _flat(x: Tensor) -> Tensor:
+    """[G, H, C, ...] -> [1, H, G * C, ...]: every completion's queries in one sequence."""
+    return x.transpose(0, 1).reshape(1, x.shape[1], x.shape[0] * x.shape[2], *x.shape[3:])
+
+
+class _SplitKV(torch.autograd.Function):
+    """softmax over [prefix keys | own keys] from two flash calls: out = sum_i exp(lse_i - lse) out_i with
+    lse = logaddexp(lse_1, lse_2). Backward: each part's flash backward, given the merged out and lse, yields exactly
+    that part's share of the gradient (its probabilities exp(s - lse) and rowsum(dout * out) are the merged ones), so
+    dq is the sum of the two and the prefix K/V gradient is already summed over the group.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, kp: Tensor, vp: Tensor, ko: Tensor, vo: Tensor, own_mask: Tensor | None,
+                scale: float | None) -> Tensor:
+        g, h, c, d = q.shape  # q [G, H, C, D]; kp, vp [1, Hkv, P, D]; ko, vo [G, Hkv, C, D]
+        o1, l1 = _FLASH_CPU(_flat(q), kp, vp, 0.0, False, scale=scale)  # [1, H, G C, D], [1, H, G C]
+        o2, l2 = _FLASH_CPU(q, ko, vo, 0.0, own_mask is None, attn_mask=own_mask, scale=scale)  # [G, H, C, D], [G, H, C]
+        o1, l1 = o1.reshape(h, g, c, d).transpose(0, 1), l1.reshape(h, g, c).transpose(0, 1)  # [G, H, C, D], [G, H, C]
+        lse = torch.logaddexp(l1, l2)  # [G, H, C]
+        out = (l1 - lse).exp()[..., None].to(q.dtype) * o1 + (l2 - lse).exp()[..., None].to(q.dtype) * o2
+        ctx.save_for_backward(q, kp, vp, ko, vo, out, lse, own_mask)
+        ctx.scale = scale
+        return out  # [G, H, C, D]
+
+    @staticmethod
+    def backward(ctx, dout: Tensor):
+        q, kp, vp, ko, vo, out, lse, own_mask = ctx.saved_tensors
+        g, h, c, d = q.shape
+        dq1, dkp, dvp = _FLASH_CPU_BACKWARD(_flat(dout.contiguous()), _flat(q), kp, vp, _flat(out), _flat(lse), 0.0,
+                                            False, scale=ctx.scale)
+        dq2, dko, dvo = _FLASH_CPU_BACKWARD(dout.contiguous(), q, ko, vo, out, lse, 0.0, own_mask is None,
+                                            attn_mask=own_mask, scale=ctx.scale)
+        return dq1.reshape(h, g, c, d).transpose(0, 1) + dq2, dkp, dvp, dko, dvo, None, None
+
+
+def _completions(q: Tensor, kp: Tensor, vp: Tensor, ko: Tensor, vo: Tensor, lay: RowLayout, scale: float | None,
+                 dropout: float) -> Tensor:
+    """Completion queries [G, H, C, D] over cat(prefix K/V [1, Hkv, P, D] for each, own K/V [G, Hkv, C, D])."""
+    if split_kv_enabled(q, dropout):
+        own = lay.mask[..., lay.prefix:] if lay.ragged else None  # [G, 1, C, C]: the kernel takes an additive mask
+        own = None if own is None else torch.zeros(own.shape, dtype=q.dtype, device=q.device).masked_fill(~own, float("-inf"))
+        return _SplitKV.apply(q, kp, vp, ko, vo, own, scale)
+    g = lay.groups
+    kk = torch.cat([kp.expand(g, -1, -1, -1), ko], 2)  # [G, Hkv, P + C, D]
+    vv = torch.cat([vp.expand(g, -1, -1, -1), vo], 2)  # [G, Hkv, P + C, D]
+    return _sdpa(q, kk, vv, lay.mask, False, scale, dropout)  # [G, H, C, D]
 
 
 def _own(x: Tensor, lay: RowLayout) -> Tensor:
@@ -119,11 +183,9 @@ def grouped_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tens
         pre = _sdpa(q[None, :, :p], k[None, :, :p], v[None, :, :p], None, True, scaling, dropout)  # [1, H, P, D]
         pieces = [pre[0].transpose(0, 1)]  # [P, H, D]
         if lay.groups:
-            g, c = lay.groups, lay.width
-            kk = torch.cat([k[None, :, :p].expand(g, -1, -1, -1), _own(k, lay)], 2)  # [G, Hkv, P + C, D]
-            vv = torch.cat([v[None, :, :p].expand(g, -1, -1, -1), _own(v, lay)], 2)  # [G, Hkv, P + C, D]
-            out = _sdpa(_own(q, lay), kk, vv, lay.mask, False, scaling, dropout)  # [G, H, C, D]
-            pieces.append(out.permute(0, 2, 1, 3).reshape(g * c, heads, dim))  # [G * C, H, D]
+            out = _completions(_own(q, lay), k[None, :, :p], v[None, :, :p], _own(k, lay), _own(v, lay), lay, scaling,
+                               dropout)  # [G, H, C, D]
+            pieces.append(out.permute(0, 2, 1, 3).reshape(lay.groups * lay.width, heads, dim))  # [G * C, H, D]
         pieces.append(query.new_zeros(1, heads, dim))  # what padding positions read
         outs.append(torch.cat(pieces).index_select(0, lay.source))  # [L, H, D]
     return torch.stack(outs), None  # [R, L, H, D]
