@@ -197,9 +197,9 @@ def _targets(top: dict[str, Any], *, hidden: int, layers: int) -> list[str]:
     mem_line = (
         f"- <= 1/3 of the peak memory: measured {m:.2f} of plain ({'met' if m <= TARGETS['memory'] else 'missed'}). "
         f"The dense-mask row peaks at {top['mem']['mask'] / 2**20:.0f} MiB, grouped at "
-        f"{top['mem']['shared'] / 2**20:.0f} MiB: grouped attention builds no [L, L] mask but keeps, for backward, "
-        f"each layer's prefix keys and values expanded to the G completions ([G, kv heads, P + C, head dim]). The "
-        f"plain batch's activations scale with its {tokens[1] / tokens[0]:.1f}x more tokens.")
+        f"{top['mem']['shared'] / 2**20:.0f} MiB: grouped attention builds no [L, L] mask and keeps one copy of "
+        f"the prefix keys and values (not one per completion). Both shared forms' activations scale with the row's "
+        f"tokens, the plain batch's with its {tokens[1] / tokens[0]:.1f}x more tokens.")
     return [time_line, mem_line]
 
 
@@ -225,8 +225,9 @@ def section(results: list[dict[str, Any]], *, hidden: int, layers: int, n_params
          f"plus filler text). Each arm is `pipelines.vlm.prefix.completion_logp` followed by backward of a weighted sum "
          f"of the log-probs: A = plain batch (G rows of P + {COMPLETION - 1} tokens, vision tower on G copies of the "
          f"image), B = prefix-shared (one row of P + G x {COMPLETION - 1} tokens, vision tower once) with grouped "
-         f"attention (`prefix_attention: auto`, pipelines/vlm/attention.py: per layer, one causal SDPA over the "
-         f"prefix, one over the G completions each seeing the prefix and itself). The arms agree to the max |log p| "
+         f"attention (`prefix_attention: auto`, pipelines/vlm/attention.py: per layer, one causal flash call over the "
+         f"prefix, one with all G x {COMPLETION - 1} completion queries over the prefix keys, one with each completion "
+         f"causally over itself, the last two merged by their log-sum-exp). The arms agree to the max |log p| "
          f"difference shown (grouped and dense-mask shared rows alike)."), "",
         md_table(["prefix P", "image tokens", "time, plain / shared (measured)", "peak memory, plain / shared",
                   "shared peak as a fraction of plain", "forward FLOPs, plain / shared", "max abs logp diff"], rows), "",
