@@ -49,6 +49,28 @@ def test_stop_lengths_follow_the_generate_stopping_rule(cache):
     assert tracker.done_at.tolist() == [3, 2, 5, -1]
 
 
+def test_prefill_once_encodes_each_prompt_once(cache):
+    """2 prompts x G = 4 in one call: both loops run the vision tower on the 2 images once; the language model's
+    prefill runs on 2 rows in the prefill-once loop, on 8 (each prompt repeated G times) in `generate`."""
+    task = _task(cache)
+    pol, hf = task.policy, task.module.hf
+    pol.defer_old_logp = True  # no scoring forward: only the rollout's calls are seen
+    images, lm_rows = [], []
+    hooks = [hf.model.visual.register_forward_pre_hook(lambda m, a, kw: images.append(a[0].shape[0]),
+                                                       with_kwargs=True),
+             hf.model.language_model.register_forward_pre_hook(
+                 lambda m, a, kw: lm_rows.append(tuple(kw["inputs_embeds"].shape[:2])), with_kwargs=True)]
+    for once, rows in ((True, 2), (False, 8)):
+        images.clear()
+        lm_rows.clear()
+        pol.backend = HFBackend(prefill_once=once)
+        ro = pol.rollout(task.train_data[:2], 4, [1, 2])  # (the task is this test's own: hooks may stay on failure)
+        assert images == [2 * ro.extras["prompt_enc"][0]["pixel_values"].shape[0]]  # 2 images, once
+        assert lm_rows[0][0] == rows and lm_rows[0][1] > 100 and all(n == 8 and t == 1 for n, t in lm_rows[1:])
+    for h in hooks:
+        h.remove()
+
+
 def test_rollout_prompts_per_call_is_checked():
     with pytest.raises(UserError, match="rollout_prompts_per_call .-1. must be an integer >= 0"):
         build_vlm(seed=0, device=CPU, rollout_prompts_per_call=-1)

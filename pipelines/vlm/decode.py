@@ -1,11 +1,12 @@
 """The hf backend's own sampling loop for M-RoPE VLMs (Qwen2/2.5/3-VL): each prompt's image and text are prefilled
 once, the KV cache is repeated G times into a preallocated (static) cache, then the B x G rows decode together.
 
-transformers' `generate` repeats every input G times before its prefill, so it runs the vision tower and the prompt
-on B x G rows; here they run on B rows (the decode steps are the same work). Sampling is GroupSampler's (the same
-warpers, softmax and per-prompt seeded multinomial), the stop rule `_StopTracker`'s, and positions continue after
-each prompt's last M-RoPE position, as in `generate` and in the prefix-shared update (pipelines/vlm/prefix.py), so
-the completions are those of `hf_generate` up to float round-off in the logits (checked in tests/test_vlm_rollout.py).
+transformers' `generate` (num_return_sequences=G) repeats every prompt G times before its prefill, so the language
+model encodes each prompt G times (B x G rows); here B rows (the decode steps are the same work). Sampling is
+GroupSampler's (the same warpers, softmax and per-prompt seeded multinomial), the stop rule `_StopTracker`'s, and
+positions continue after each prompt's last M-RoPE position, as in `generate` and in the prefix-shared update
+(pipelines/vlm/prefix.py), so the completions are those of `hf_generate` up to float round-off in the logits
+(checked in tests/test_vlm_rollout.py).
 """
 
 from typing import Any

@@ -176,7 +176,8 @@ def left_pad_prompts(encs: list[dict[str, Any]], pad_id: int) -> dict[str, Tenso
 class HFBackend:
     """Sampling with the training model's own weights, one call per `prompts_per_call` prompts (0 = all of the rank's
     prompts), G rows each, seeded per prompt (GroupSampler). prefill_once (None = when supported: Qwen2/2.5/3-VL)
-    runs pipelines/vlm/decode.py's loop, which encodes each prompt once instead of G times; False, `generate`."""
+    runs pipelines/vlm/decode.py's loop, whose prefill encodes each prompt once instead of G times; False,
+    `generate`."""
 
     name = "hf"
 
