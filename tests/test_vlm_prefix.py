@@ -362,3 +362,6 @@ def test_lengths_out_of_range_raise(cache):
     with pytest.raises(ValueError, match="lengths"):
         completion_logp(model.model, model.lm_head, [enc], torch.zeros(1, 3, dtype=torch.long), torch.tensor([0]),
                         shared=True, pad_id=0)
+    with pytest.raises(UserError, match="prefix_attention \\('grouped_'\\)"):
+        completion_logp(model.model, model.lm_head, [enc], torch.zeros(1, 3, dtype=torch.long), torch.tensor([3]),
+                        shared=False, pad_id=0, prefix_attention="grouped_")

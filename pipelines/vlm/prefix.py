@@ -54,10 +54,15 @@ def supports_grouped(lm: nn.Module) -> tuple[bool, str]:
     return True, ""
 
 
-def attention_mode(lm: nn.Module, requested: str) -> str:
-    """"grouped" or "mask" for `prefix_attention=requested` on this model (auto: grouped where supported)."""
+def check_prefix_attention(requested: str) -> None:
+    """One-line error for a prefix_attention value that is not one of PREFIX_ATTENTION."""
     if requested not in PREFIX_ATTENTION:
         raise UserError(f"prefix_attention ({requested!r}) must be one of {', '.join(PREFIX_ATTENTION)}")
+
+
+def attention_mode(lm: nn.Module, requested: str) -> str:
+    """"grouped" or "mask" for `prefix_attention=requested` on this model (auto: grouped where supported)."""
+    check_prefix_attention(requested)
     if requested == "mask":
         return "mask"
     ok, why = supports_grouped(lm)
@@ -238,6 +243,7 @@ def completion_logp(lm: nn.Module, head: nn.Module, prompts: list[dict[str, Any]
     n, k = completions.shape
     if lengths.min() < 1 or lengths.max() > k:
         raise ValueError(f"lengths must be in [1, K={k}], got min {int(lengths.min())} max {int(lengths.max())}")
+    check_prefix_attention(prefix_attention)  # on the plain batch too: a typo fails on the first call
     grouped = shared and attention_mode(lm, prefix_attention) == "grouped"
     if shared:
         sdpa = getattr(lm.config, "_attn_implementation", None) == "sdpa"
