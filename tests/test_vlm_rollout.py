@@ -4,6 +4,7 @@ hf loops, against transformers' own sampling), and the vLLM backend driven throu
 vllm itself needs CUDA and is not installed here)."""
 
 import copy
+import os
 import sys
 from types import ModuleType, SimpleNamespace
 
@@ -301,6 +302,12 @@ def fake_vllm(monkeypatch):
     module.SamplingParams = lambda **kw: SimpleNamespace(**kw)
     monkeypatch.setitem(sys.modules, "vllm", module)
     monkeypatch.setattr(rollout_vllm, "check_cuda", lambda device: None)  # the engine is fake; the policy runs on CPU
+    # the backend sets the launcher variables vLLM reads (RANK, WORLD_SIZE...); restore them after the test, or a later
+    # accelerate run in this process believes it is distributed and waits in a barrier with no process group
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, os.environ.get(key, ""))
+        if key not in os.environ or not os.environ[key]:
+            monkeypatch.delenv(key)
     FAKE.engines.clear()
     return module
 
