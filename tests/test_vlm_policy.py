@@ -273,3 +273,13 @@ def test_hf_dataset_records_name_bad_rows_and_roll_out(cache, tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "datasets", None)  # not installed
     with pytest.raises(UserError, match="needs the datasets package"):
         hf_records("hf:org/geo", split="train")
+
+
+def test_flash_attention_on_cpu_is_a_one_line_error_before_loading():
+    from mmgrpo.errors import UserError
+    from pipelines.vlm.build import check_attn_implementation
+
+    check_attn_implementation("sdpa", "cpu")
+    check_attn_implementation("flash_attention_2")  # validation before the device is known checks the name only
+    with pytest.raises(UserError, match=r"attn_implementation=flash_attention_2 needs CUDA .*no CUDA device"):
+        check_attn_implementation("flash_attention_2", "cpu")

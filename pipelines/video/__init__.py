@@ -10,9 +10,10 @@ from pipelines.video.build import build_video
 def _register() -> None:
     from mmgrpo.plugins import PIPELINES
     from pipelines.video import advantages, rewards  # noqa: F401  registers "tempsamp", "grpo_bonus", video rewards
+    from pipelines.vlm.build import check_vlm_kwargs
 
     if "video" not in PIPELINES:
-        PIPELINES.register("video", build_video)
+        PIPELINES.register("video", build_video, check=check_vlm_kwargs)
 
 
 _register()

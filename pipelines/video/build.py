@@ -79,7 +79,8 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
     """GRPO on a video-text-to-text model (Qwen2-VL, Qwen2.5-VL) over grounding / video-QA records."""
     from pipelines.video.data import SHAPES_VIDEO, load_records
     from pipelines.video.policy import FrameSettings, MethodSettings, VideoPolicy
-    from pipelines.vlm.build import DTYPES, _check, _shared_mode, apply_training_mode, load_model
+    from pipelines.vlm.build import (DTYPES, _check, _shared_mode, apply_training_mode, check_attn_implementation,
+                                     load_model)
     from pipelines.vlm.methods import CareLikelihood
     from pipelines.vlm.policy import SampleSettings, VLMModule
 
@@ -97,6 +98,7 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
                          **common) if (eval_data or data == SHAPES_VIDEO) else []
     if inject_ground_truth and any(r.get("spans") is None and r.get("answers") is None for r in train):
         raise UserError("pipeline.kwargs.inject_ground_truth=true needs spans or answers in every training record")
+    check_attn_implementation(attn_implementation, device)
     torch.manual_seed(seed)
     processor, hf = load_model(model, dtype=DTYPES[model_dtype] if model_dtype else dtype,
                                attn_implementation=attn_implementation, cache_dir=cache_dir,

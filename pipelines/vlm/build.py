@@ -24,6 +24,33 @@ def _offline_hint(model: str) -> str:
             f"pass its local directory as pipeline.kwargs.model=/path/to/model; model=tiny-random-qwen2-vl runs offline")
 
 
+def check_attn_implementation(attn_implementation: str, device: torch.device | str | None = None) -> None:
+    """One line before any weight loads: the name must be a transformers attention kernel, and the flash kernels need
+    CUDA and their package (transformers would otherwise fail mid-load with a message that names no field)."""
+    import importlib.util
+
+    from transformers import AttentionInterface
+
+    known = ["eager", *(k for k in AttentionInterface._global_mapping if "|" not in k)]
+    if attn_implementation not in known:
+        raise UserError(f"pipeline.kwargs.attn_implementation ({attn_implementation!r}) is not an attention kernel "
+                        f"transformers knows; choose one of {', '.join(known)} (sdpa is the default and runs anywhere)")
+    package = {"flash_attention_2": "flash_attn", "flash_attention_3": "flash_attn_interface",
+               "flash_attention_4": "flash_attn"}.get(attn_implementation)
+    if package is None or device is None:  # validation before the device is known checks the name only
+        return
+    on_cuda = torch.device(device).type == "cuda"
+    if not on_cuda or importlib.util.find_spec(package) is None:
+        why = "no CUDA device" if not on_cuda else f"the {package} package is not installed"
+        raise UserError(f"pipeline.kwargs.attn_implementation={attn_implementation} needs CUDA and {package} ({why}); "
+                        f"install flash-attn on a CUDA machine, or use attn_implementation=sdpa")
+
+
+def check_vlm_kwargs(**given) -> None:
+    """The cheap checks the engine's validation (`mmgrpo config`) runs before anything loads."""
+    check_attn_implementation(given.get("attn_implementation", "sdpa"))
+
+
 def load_model(model: str, *, dtype: torch.dtype, attn_implementation: str, cache_dir: str | None,
                min_pixels: int | None, max_pixels: int | None):
     """(processor, model) from a local directory, a cached hub id, or a tiny random model built on the fly."""
@@ -133,6 +160,7 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
     evals = load_records(eval_data or SHAPES_VQA, split="val", size=eval_size, field="pipeline.kwargs.eval_data",
                          **common) if (eval_data or data == SHAPES_VQA) else []
     # before the model loads: a missing vllm package or GPU fails in a second, not after loading 7B weights
+    check_attn_implementation(attn_implementation, device)
     backend = make_backend(rollout_backend, prompts_per_call=rollout_prompts_per_call,
                            model_path=_model_path(model, cache_dir, rollout_backend), device=device, dtype=model_dtype,
                            seed=seed, gpu_memory_utilization=vllm_gpu_memory_utilization, max_model_len=vllm_max_model_len,
