@@ -283,3 +283,21 @@ def test_flash_attention_on_cpu_is_a_one_line_error_before_loading():
     check_attn_implementation("flash_attention_2")  # validation before the device is known checks the name only
     with pytest.raises(UserError, match=r"attn_implementation=flash_attention_2 needs CUDA .*no CUDA device"):
         check_attn_implementation("flash_attention_2", "cpu")
+
+
+def test_prefix_attention_reaches_the_update_and_bad_values_fail_at_build(cache, monkeypatch):
+    import pipelines.vlm.policy as policy_mod
+
+    task = _task(cache, prefix_attention="mask")
+    assert task.module.shared and task.module.prefix_attention == "mask"
+    seen = []
+    real = policy_mod.completion_logp
+    monkeypatch.setattr(policy_mod, "completion_logp",
+                        lambda *a, **kw: seen.append(kw["prefix_attention"]) or real(*a, **kw))
+    ro = task.policy.rollout(task.train_data[:1], 2, [0])
+    task.policy.logp(task.module, ro, torch.arange(2))
+    assert seen and set(seen) == {"mask"}
+    with pytest.raises(UserError, match=r"pipeline.kwargs.prefix_attention \('dense'\) must be one of auto, grouped"):
+        _task(cache, prefix_attention="dense")
+    with pytest.raises(UserError, match=r"prefix_attention=grouped but text attention 'eager'"):
+        _task(cache, prefix_attention="grouped", attn_implementation="eager")

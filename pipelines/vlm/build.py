@@ -48,7 +48,12 @@ def check_attn_implementation(attn_implementation: str, device: torch.device | s
 
 def check_vlm_kwargs(**given) -> None:
     """The cheap checks the engine's validation (`mmgrpo config`) runs before anything loads."""
+    from pipelines.vlm.prefix import PREFIX_ATTENTION
+
     check_attn_implementation(given.get("attn_implementation", "sdpa"))
+    if given.get("prefix_attention", "auto") not in PREFIX_ATTENTION:
+        raise UserError(f"pipeline.kwargs.prefix_attention ({given['prefix_attention']!r}) must be one of "
+                        f"{', '.join(PREFIX_ATTENTION)} (auto: grouped attention where the model supports it)")
 
 
 def load_model(model: str, *, dtype: torch.dtype, attn_implementation: str, cache_dir: str | None,
@@ -111,19 +116,30 @@ def apply_training_mode(hf, *, lora_rank: int, lora_alpha: float | None, lora_dr
     return hf
 
 
-def _shared_mode(prefix_sharing: str | bool, hf) -> bool:
-    from pipelines.vlm.prefix import supports_shared
+def _shared_mode(prefix_sharing: str | bool, hf, prefix_attention: str = "auto") -> bool:
+    """Whether the update runs one prefix-shared row per group; checks prefix_attention against this model too."""
+    from pipelines.vlm.policy import unwrap
+    from pipelines.vlm.prefix import PREFIX_ATTENTION, supports_grouped, supports_shared
 
+    if prefix_attention not in PREFIX_ATTENTION:
+        raise UserError(f"pipeline.kwargs.prefix_attention ({prefix_attention!r}) must be one of "
+                        f"{', '.join(PREFIX_ATTENTION)} (auto: grouped attention where the model supports it)")
     ok, why = supports_shared(hf)
     if prefix_sharing in ("auto", None):
-        return ok
-    if prefix_sharing is True or prefix_sharing == "on":
+        shared = ok
+    elif prefix_sharing is True or prefix_sharing == "on":
         if not ok:
             raise UserError(f"pipeline.kwargs.prefix_sharing=on but {why}; set prefix_sharing=auto or off")
-        return True
-    if prefix_sharing is False or prefix_sharing == "off":
-        return False
-    raise UserError(f"pipeline.kwargs.prefix_sharing ({prefix_sharing!r}) must be auto, on or off")
+        shared = True
+    elif prefix_sharing is False or prefix_sharing == "off":
+        shared = False
+    else:
+        raise UserError(f"pipeline.kwargs.prefix_sharing ({prefix_sharing!r}) must be auto, on or off")
+    if shared and prefix_attention == "grouped":
+        ok, why = supports_grouped(unwrap(hf).model)
+        if not ok:
+            raise UserError(f"pipeline.kwargs.prefix_attention=grouped but {why}; set prefix_attention=auto or mask")
+    return shared
 
 
 def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.float32,
@@ -137,6 +153,7 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
               max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
               stop: list[str] | str | None = "</answer>", system_prompt: str | None = None,
               instruction: str | None = FORMAT_INSTRUCTION, prefix_sharing: str | bool = "auto",
+              prefix_attention: str = "auto",
               logp_chunk_tokens: int = 1024, reference: str = "auto", care_likelihood: bool = False,
               care_ema_decay: float = 0.995, care_ema_every: int = 10, check_logp: bool = False,
               rollout_backend: str = "hf", rollout_prompts_per_call: int = 0,
@@ -174,7 +191,8 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
                              lora_targets=lora_targets, freeze_vision=freeze_vision,
                              gradient_checkpointing=gradient_checkpointing).to(device)
     module = VLMModule(hf, pad_id=processor.tokenizer.pad_token_id, temperature=temperature,
-                       shared=_shared_mode(prefix_sharing, hf), chunk_tokens=logp_chunk_tokens)
+                       shared=_shared_mode(prefix_sharing, hf, prefix_attention), chunk_tokens=logp_chunk_tokens,
+                       prefix_attention=prefix_attention)
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     settings = SampleSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                               stop=stops, system_prompt=system_prompt, instruction=instruction)

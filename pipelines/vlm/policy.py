@@ -33,9 +33,10 @@ class VLMModule(nn.Module):
     The whole log-prob computation runs inside this forward, so accelerate's DDP wrapper sees one forward call.
     """
 
-    def __init__(self, hf: nn.Module, *, pad_id: int, temperature: float, shared: bool, chunk_tokens: int):
+    def __init__(self, hf: nn.Module, *, pad_id: int, temperature: float, shared: bool, chunk_tokens: int,
+                 prefix_attention: str = "auto"):
         super().__init__()
-        self.hf = hf
+        self.hf, self.prefix_attention = hf, prefix_attention
         self.pad_id, self.temperature, self.shared, self.chunk_tokens = pad_id, temperature, shared, chunk_tokens
         self.suppress_ids = vision_token_ids(unwrap(hf).config)
         vocab = unwrap(hf).get_output_embeddings().weight.shape[0]
@@ -56,7 +57,8 @@ class VLMModule(nn.Module):
         return completion_logp(base.model, base.get_output_embeddings(), prompts, completions, lengths,
                                shared=self.shared if shared is None else shared, pad_id=self.pad_id,
                                temperature=self.temperature, chunk_tokens=self.chunk_tokens,
-                               suppress=self.suppress if self.suppress_ids else None)
+                               suppress=self.suppress if self.suppress_ids else None,
+                               prefix_attention=self.prefix_attention)
 
 
 @dataclass
