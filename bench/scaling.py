@@ -184,8 +184,8 @@ def axis_frames(tmp: Path, frames: list[int], hidden: int, layers: int) -> dict[
 
 
 EXPECT = {
-    "G": ("linear: G completions sampled and trained; the prefix-shared row grows by one completion per sample, so its "
-          "dense attention adds a G^2 term that shows once the completions outweigh the prefix"),
+    "G": ("linear: G completions sampled and trained; with grouped attention each completion attends to the prefix "
+          "and itself, so the shared row's attention grows linearly in G too"),
     "denoising steps": "linear: one transformer evaluation per step and sample, in the rollout and in the update",
     "prefix length": ("linear in the MLP and projections, quadratic in attention: the prefix attends to itself"),
     "frames": "linear in the vision tower and the projections per frame token, quadratic in attention",
