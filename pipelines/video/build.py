@@ -73,7 +73,7 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
                 max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
                 stop: list[str] | str | None = "</answer>", system_prompt: str | None = None,
                 instruction: str | None = FORMAT_INSTRUCTION, prefix_sharing: str | bool = "auto",
-                prefix_attention: str = "auto",
+                prefix_attention: str = "auto", vision_cache: str = "auto", vision_cache_items: int = 64,
                 logp_chunk_tokens: int = 1024, reference: str = "auto", care_likelihood: bool = False,
                 care_ema_decay: float = 0.995, care_ema_every: int = 10, check_logp: bool = False,
                 cache_dir: str | None = None) -> Task:
@@ -109,7 +109,8 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
                              gradient_checkpointing=gradient_checkpointing).to(device)
     module = VLMModule(hf, pad_id=processor.tokenizer.pad_token_id, temperature=temperature,
                        shared=_shared_mode(prefix_sharing, hf, prefix_attention), chunk_tokens=logp_chunk_tokens,
-                       prefix_attention=prefix_attention)
+                       prefix_attention=prefix_attention, vision_cache=vision_cache,
+                       vision_cache_items=vision_cache_items)
     stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
     settings = SampleSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                               stop=stops, system_prompt=system_prompt, instruction=instruction)

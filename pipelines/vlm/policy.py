@@ -19,6 +19,7 @@ from pipelines.vlm.data import load_image, record_images
 from pipelines.vlm.methods import CareLikelihood
 from pipelines.vlm.prefix import completion_logp, vision_token_ids
 from pipelines.vlm.rollout import HFBackend, _StopTracker, hf_generate_group, needs_synced_gpus  # noqa: F401
+from pipelines.vlm.vision_cache import VisionCache
 
 
 def unwrap(hf: nn.Module) -> nn.Module:
@@ -34,9 +35,11 @@ class VLMModule(nn.Module):
     """
 
     def __init__(self, hf: nn.Module, *, pad_id: int, temperature: float, shared: bool, chunk_tokens: int,
-                 prefix_attention: str = "auto"):
+                 prefix_attention: str = "auto", vision_cache: str = "auto", vision_cache_items: int = 64):
         super().__init__()
         self.hf, self.prefix_attention = hf, prefix_attention
+        # the frozen vision tower's features, once per image/video (pipelines/vlm/vision_cache.py)
+        self.vision_cache = VisionCache(unwrap(hf).model, mode=vision_cache, max_items=vision_cache_items)
         self.pad_id, self.temperature, self.shared, self.chunk_tokens = pad_id, temperature, shared, chunk_tokens
         self.suppress_ids = vision_token_ids(unwrap(hf).config)
         vocab = unwrap(hf).get_output_embeddings().weight.shape[0]
@@ -49,10 +52,15 @@ class VLMModule(nn.Module):
                 generate: dict[str, Any] | None = None, step: dict[str, Any] | None = None) -> Any:
         # sampling enters here too (generate, or one step of the rollout's own loop), so wrapper hooks run (FSDP2's
         # weight gathering)
-        if generate is not None:
-            return self.hf.generate(**generate)
-        if step is not None:
-            return self.hf(**step)
+        with self.vision_cache.installed():
+            if generate is not None:
+                return self.hf.generate(**generate)
+            if step is not None:
+                return self.hf(**step)
+            return self._logp(prompts, completions, lengths, shared)
+
+    def _logp(self, prompts: list[dict[str, Any]], completions: Tensor, lengths: Tensor,
+              shared: bool | None) -> tuple[Tensor, Tensor]:
         base = unwrap(self.hf)
         return completion_logp(base.model, base.get_output_embeddings(), prompts, completions, lengths,
                                shared=self.shared if shared is None else shared, pad_id=self.pad_id,
