@@ -52,6 +52,8 @@ class VLMModule(nn.Module):
                 generate: dict[str, Any] | None = None, step: dict[str, Any] | None = None) -> Any:
         # sampling enters here too (generate, or one step of the rollout's own loop), so wrapper hooks run (FSDP2's
         # weight gathering)
+        if step is not None and not any(k.startswith("pixel_values") for k in step):
+            return self.hf(**step)  # a decode step: no pixels, no cache to install
         with self.vision_cache.installed():
             if generate is not None:
                 return self.hf.generate(**generate)
