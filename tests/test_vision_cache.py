@@ -162,6 +162,18 @@ def test_bounded_lru_and_dropped_on_weight_change(cache):
     torch.testing.assert_close(after, fresh, rtol=0, atol=1e-6)
 
 
+def test_inference_mode_entries_stay_out_of_autograd(cache):
+    """Features cached under torch.inference_mode (an evaluation loop) sit under their own key: an inference tensor is
+    refused by any autograd op that would save it for backward, so a training forward encodes its own copy."""
+    proc, mod = _module(cache, MODELS[0])
+    a = _image(proc, "Any?", (28, 28))
+    comps, lengths = torch.ones(2, 3, dtype=torch.long), torch.tensor([3, 2])
+    with torch.inference_mode():
+        mod([a, a], comps, lengths)
+    got = _run(mod, [a, a], comps, lengths, True)
+    assert len(mod.vision_cache.store) == 2 and got[2]
+
+
 def test_switch_values_are_checked():
     check_vision_cache("off", 1)
     for mode, items, word in (("on", 64, "vision_cache ('on')"), ("auto", 0, "vision_cache_items (0)")):

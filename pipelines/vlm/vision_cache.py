@@ -1,13 +1,17 @@
-"""Vision-feature cache: a frozen vision tower's output for given pixels is a constant, so each image or video is encoded
-once and reused by the rollout's prefill, the old/reference log-prob passes and every update forward.
+"""Vision-feature cache: a frozen vision tower's output for given pixels is a constant, so each image or video is
+encoded once and reused by the rollout's prefill, the old/reference log-prob passes and every update forward.
 
 Seam: the base model's `get_image_features` / `get_video_features` (Qwen2-VL, Qwen2.5-VL, Qwen3-VL in transformers 5),
 which the model's forward calls with the batch's pixels and grid_thw and which return the merged features already
 split per image (pooler_output, plus Qwen3-VL's deepstack_features per level). Items are keyed by content (modality,
-grid [t, h, w], dtype, device, autocast state and a 128-bit digest of the pixel bytes), so the plain batch's G copies of
-one prompt, the shared batch's one copy and the next iteration's re-sampled prompt all hit the same entry; only the
-misses of a call go through the tower, together. Cached outputs carry the fields the model's forward reads
-(pooler_output, deepstack_features); last_hidden_state (pre-merge, unread by the forward) is None on them.
+grid [t, h, w], dtype, device, autocast and inference-mode state, a 128-bit digest of the pixel bytes), so the plain
+batch's G copies of one prompt, the shared batch's one copy and the next iteration's re-sampled prompt all hit the
+same entry; only the misses of a call go through the tower, together. Cached outputs carry the fields the model's
+forward reads (pooler_output, deepstack_features); last_hidden_state (pre-merge, unread by the forward) is None.
+
+Why this seam: it is below every path that encodes pixels (the forward, decode.py's prefill, and `generate`, whose
+encoder step calls it once before expanding the prompt G times) and above the tower's internals (Qwen2.5-VL's window
+order, Qwen3-VL's deepstack mergers), so the cache needs no model code, only the per-item split it already returns.
 
 Off (the tower runs as before) when any vision parameter requires grad (full fine-tuning, LoRA inside the tower), when
 a vision dropout is live in training mode, under FSDP (ranks would skip different all-gathers on their own hits and
@@ -148,7 +152,9 @@ class VisionCache:
     def _key(self, kind: str, pixels: Tensor, thw: list[int]) -> tuple:
         dev = pixels.device.type
         amp = (torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev)) if dev in ("cpu", "cuda") else None
-        return kind, tuple(thw), pixels.dtype, str(pixels.device), amp, _digest(pixels)
+        # inference-mode tensors cannot enter autograd later, so they are kept apart from no-grad ones
+        inference = torch.is_inference_mode_enabled()
+        return kind, tuple(thw), pixels.dtype, str(pixels.device), amp, inference, _digest(pixels)
 
     def _lookup(self, kind: str, original: Callable, pixel_values: Tensor, grid_thw: Tensor) -> Any:
         thws = grid_thw.tolist()
@@ -176,7 +182,8 @@ class VisionCache:
         fields = {"pooler_output": tuple(e["pooler_output"] for e in entries)}
         if entries[0]["deepstack_features"] is not None:
             levels = len(entries[0]["deepstack_features"])
-            fields["deepstack_features"] = [tuple(e["deepstack_features"][lv] for e in entries) for lv in range(levels)]
+            fields["deepstack_features"] = [tuple(e["deepstack_features"][lv] for e in entries)
+                                            for lv in range(levels)]
         return entries[0]["cls"](**fields)
 
 
