@@ -187,9 +187,9 @@ def test_switch_values_are_checked():
 
 @pytest.mark.parametrize("prefill_once", [True, False])
 def test_video_iteration_encodes_each_prompt_once(cache, prefill_once):
-    """One GRPO iteration of the video pipeline (LoRA, tower frozen): rollout (decode.py's prefill or HF generate, whose
-    encoder step goes through the wrapped get_video_features), old log-probs, update forward and the adapter-off
-    reference: the same completions and log-probs as uncached, and the tower runs once per prompt instead of per pass."""
+    """One GRPO iteration of the video pipeline (LoRA, tower frozen): rollout (decode.py's prefill or HF generate,
+    whose encoder step goes through the wrapped get_video_features), old log-probs, update forward and the adapter-off
+    reference: the same completions and log-probs as uncached; the tower runs once per prompt instead of per pass."""
     from pipelines.video.build import build_video
 
     task = build_video(seed=0, device=torch.device("cpu"), model=MODELS[0], cache_dir=cache, train_size=2,

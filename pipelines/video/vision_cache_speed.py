@@ -70,10 +70,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"video GRPO iteration, {args.model} + LoRA r8, {args.prompts} prompts x G={args.group}, "
           f"{args.frames} frames at {args.resolution}px ({tuple(enc['video_grid_thw'][0].tolist())} grid), "
           f"{args.max_new_tokens} new tokens, prefix_sharing={args.prefix_sharing}, "
-          f"entries {'kept' if args.keep else 'cleared'} between iterations, {torch.get_num_threads()} thread(s), {args.repeats} repeats")
+          f"entries {'kept' if args.keep else 'cleared'} between iterations, {torch.get_num_threads()} thread(s), "
+          f"{args.repeats} repeats")
     for mode, ts in times.items():
-        print(f"  vision_cache={mode:4s}: median {statistics.median(ts):.3f} s (min {min(ts):.3f}, max {max(ts):.3f}), "
-              f"tower calls {calls[mode]}")
+        print(f"  vision_cache={mode:4s}: median {statistics.median(ts):.3f} s (min {min(ts):.3f}, "
+              f"max {max(ts):.3f}), tower calls {calls[mode]}")
     ratio = [a / b for a, b in zip(times["off"], times["auto"])]
     print("  per repeat (off, auto):", [(round(a, 3), round(b, 3)) for a, b in zip(times["off"], times["auto"])])
     print(f"  off / auto: median {statistics.median(ratio):.2f}x (min {min(ratio):.2f}, max {max(ratio):.2f})")
