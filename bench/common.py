@@ -19,7 +19,7 @@ REPO = BENCH_DIR.parent
 SECTIONS_DIR = BENCH_DIR / "sections"
 PLOTS_DIR = BENCH_DIR / "plots"
 RESULTS = BENCH_DIR / "results.md"
-ORDER = ("flow", "vlm_prefix", "vlm_vs_trl", "vlm", "video", "scaling")
+ORDER = ("flow", "vlm_prefix", "vlm_vs_trl", "vlm", "video", "video_cache", "scaling")
 """Sections that come first in results.md, in this order; any other section follows alphabetically."""
 
 
