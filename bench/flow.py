@@ -2,7 +2,8 @@
 Flow-GRPO-Fast vs all-step training.
 
 Every arm is `configs/flow/shapes_t2i.yaml` (the `make demo` recipe: assets/shapes-t2i, shapes_geneval partial reward,
-LoRA r16, CFG 2, 8 steps) with only the rollout plan, the prompts per iteration and k_chunk changed.
+LoRA r16, CFG 2, 8 steps) with only the rollout plan, the prompts per iteration and k_chunk changed (and the
+MixGRPO arm's same-noise groups, as MixGRPO's recipe has them). The arms' pieces live in bench/_flow_arms.py.
 Run: python bench/flow.py [--quick]; writes bench/sections/flow.md (its part of results.md) and bench/plots/flow_*.png.
 """
 
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="fewer prompts, iterations and eval images: a smoke run")
     ap.add_argument("--rounds", type=int, default=None, help="counted round-robin iterations per arm in part (a)")
     ap.add_argument("--budget", type=float, default=None,
-                    help="training seconds per arm in part (b) (default 70)")
+                    help="training seconds per arm in part (b) (default 60)")
     args = ap.parse_args(argv)
     quiet_process()
     quiet()
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> None:
 
     base = yaml.safe_load(RECIPE.read_text())
     setting = {"prompts_per_iter": 2 if args.quick else 4, "rounds": args.rounds or (2 if args.quick else 10),
-               "warmup": 1, "k_chunk": 1, "seed": 0, "budget": 10.0 if args.quick else 70.0}
+               "warmup": 1, "k_chunk": 1, "seed": 0, "budget": 10.0 if args.quick else 60.0}
     spec = val_spec(base)
     records = shapes_prompts(spec)
     per_prompt = 2 if args.quick else 8
