@@ -350,6 +350,10 @@ def test_window_tail_stride_runs_a_coarser_ode_after_the_window():
         x = x + (sig[j] - sig[i]) * vel(x, sig[i].expand(4), None)
     torch.testing.assert_close(coarse.final, x, rtol=1e-12, atol=1e-12)
     assert not torch.allclose(coarse.final, full.final)
+    # the coarse tail reads nothing back from the device either (see the meta-device test below)
+    meta = P.execute(plan, seeds=seeds, shape=(2, 3), sigmas=sig.float(), trained=trained, step=sde.step,
+                     velocity=lambda x, s, p: 0.5 * x - s.view(-1, 1, 1), noise_level=0.7, device="meta")
+    assert meta.final.device.type == "meta" and meta.nfe == coarse.nfe
     # a window that ends at the last step has no tail to coarsen; other step selections refuse the option
     assert _plan("independent", tail_stride=2, **{**kw, "iteration": 12})[0].granularities == (1,)  # steps 6-7
     with pytest.raises(ValueError, match="tail_stride"):

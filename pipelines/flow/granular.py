@@ -33,19 +33,23 @@ def complete_granularities(plan, x: Tensor, prompt: Tensor, sigmas: Tensor, velo
     m, start = len(plan.granularities), plan.split_step + 1
     paths = [completion_indices(start, plan.num_steps, s) for s in plan.granularities]
     length = torch.tensor([len(p) for p in paths])  # [M]
+    sigmas = sigmas.cpu()  # step() checks host sigmas and copies them without waiting for the device
     table = torch.stack([sigmas[p + [p[-1]] * (int(length.max()) - len(p))] for p in paths])  # [M, L] padded
-    v = velocity(x, sigmas[start].expand(len(x)).to(device), prompt.to(device))  # [P, ...] shared by the M copies
+    v = velocity(x, sigmas[start].expand(len(x)).to(device, non_blocking=True),
+                 prompt.to(device, non_blocking=True))  # [P, ...] shared by the M copies
     calls = len(x)
     x, v, prompt = x.repeat_interleave(m, 0), v.repeat_interleave(m, 0), prompt.repeat_interleave(m)  # [P * M, ...]
     gran = torch.arange(len(x)) % m  # [P * M] granularity of each leaf
     for i in range(int(length.max()) - 1):
         rows = (length[gran] > i + 1).nonzero().flatten()  # leaves whose path has a step i -> i + 1
-        sig, sig_next = table[gran[rows], i].to(device), table[gran[rows], i + 1].to(device)  # [R]
+        sig, sig_next = table[gran[rows], i], table[gran[rows], i + 1]  # [R] on the host
+        on_dev = rows.to(x.device, non_blocking=True)  # [R]
         if i > 0:
-            v = velocity(x[rows], sig, prompt[rows].to(device))  # [R, ...] one call, per-row sigma
+            v = velocity(x[on_dev], sig.to(device, non_blocking=True),
+                         prompt[rows].to(device, non_blocking=True))  # [R, ...] one call, per-row sigma
             calls += len(rows)
-        out = step("ode", x[rows], v, sig, sig_next, noise_level=noise_level, generator=None)
-        x = x.index_copy(0, rows.to(x.device), out.prev_sample)
+        out = step("ode", x[on_dev], v, sig, sig_next, noise_level=noise_level, generator=None)
+        x = x.index_copy(0, on_dev, out.prev_sample)
     return x, calls
 
 
