@@ -203,3 +203,37 @@ def test_registered_and_kwargs_checked(tiny):
         _build("unused", sde="ode")
     with pytest.raises(UserError, match="model_type"):
         _build(tiny["sd3"], model_type="wan")
+
+
+def test_prompt_embeddings_cached_in_a_bounded_lru():
+    from pipelines.flow.models import FlowModel
+
+    class Counting(FlowModel):
+        def __init__(self, **kw):
+            super().__init__(None, height=8, width=8, device=torch.device("cpu"), dtype=torch.float32, **kw)
+            self.calls = []
+
+        def _encode(self, prompts):
+            self.calls.append(list(prompts))
+            return {"emb": torch.tensor([[float(len(p)), float(ord(p[0]))] for p in prompts])}  # [B, 2]
+
+    m = Counting(prompt_cache_items=2)
+    out = m.encode(["bb", "a", "bb"])
+    assert torch.equal(out["emb"], torch.tensor([[2.0, 98.0], [1.0, 97.0], [2.0, 98.0]]))
+    assert m.calls == [["a", "bb"]]  # each distinct prompt encoded once
+    m.encode(["a"])  # a hit: no call, and "a" becomes the most recent
+    m.encode(["ccc"])  # evicts the least recently used, "bb"
+    assert m.calls == [["a", "bb"], ["ccc"]] and list(m._cache) == ["a", "ccc"]
+    assert torch.equal(m.encode(["bb", "a"])["emb"], torch.tensor([[2.0, 98.0], [1.0, 97.0]]))
+    assert m.calls[-1] == ["bb"] and list(m._cache) == ["bb", "a"]
+    off = Counting(prompt_cache_items=0)  # no cache: every batch encoded, still correct
+    off.encode(["x", "x"])
+    off.encode(["x"])
+    assert off.calls == [["x"], ["x"]] and not off._cache
+
+
+def test_prompt_cache_items_is_checked():
+    from pipelines.flow.build import check_flow_kwargs
+
+    with pytest.raises(UserError, match=r"pipeline.kwargs.prompt_cache_items \(-1\) must be an integer >= 0"):
+        check_flow_kwargs(prompt_cache_items=-1)

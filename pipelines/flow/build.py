@@ -221,6 +221,9 @@ def check_flow_kwargs(**given) -> None:
         raise UserError(f"pipeline.kwargs.torch_dtype ({torch_dtype!r}) must be one of {sorted(_DTYPES)} or null")
     if attention not in ATTENTION:
         raise UserError(f"pipeline.kwargs.attention ({attention!r}) must be one of {', '.join(ATTENTION)}")
+    if not isinstance(kw["prompt_cache_items"], int) or kw["prompt_cache_items"] < 0:
+        raise UserError(f"pipeline.kwargs.prompt_cache_items ({kw['prompt_cache_items']!r}) must be an integer >= 0 "
+                        f"(prompts whose text-encoder outputs are kept; 0 re-encodes every batch)")
 
 
 def check_attention(attention: str, device: torch.device) -> None:
@@ -246,7 +249,7 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
                k_chunk: int | None = None, torch_dtype: str | None = None, gradient_checkpointing: bool = False,
                decode_batch_size: int = 8, objective: str = "grpo", nft_steps: int = 2, ratio_norm: bool = False,
                step_weights: str = "none", reward_inputs: list[str] | str | None = None,
-               attention: str = "sdpa") -> Task:
+               attention: str = "sdpa", prompt_cache_items: int = 256) -> Task:
     """GRPO on a diffusers flow model (SD3/SD3.5, FLUX.1, Wan 2.1): SDE rollouts, exact log-probs, LoRA or full FT.
 
     reward_inputs: the input kinds of the configured rewards (rewards.api INPUTS); ["latent"] skips the VAE in
@@ -258,7 +261,7 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
     check_flow_kwargs(sde=sde, plan=plan, plan_kwargs=plan_kwargs, objective=objective, num_steps=num_steps,
                       lora_rank=lora_rank, k_chunk=k_chunk, nft_steps=nft_steps, ratio_norm=ratio_norm,
                       step_weights=step_weights, same_noise_per_group=same_noise_per_group,
-                      torch_dtype=torch_dtype, attention=attention)
+                      torch_dtype=torch_dtype, attention=attention, prompt_cache_items=prompt_cache_items)
     check_attention(attention, device)
     reward_inputs = _reward_inputs(reward_inputs)
     train = _records(data, prompts, "training prompts")
@@ -288,7 +291,7 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
     h, w = (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
     adapter = adapter_for(model_type)(pipe, height=h, width=w, num_frames=num_frames, guidance_scale=guidance_scale,
                                    negative_prompt=negative_prompt, max_sequence_length=max_sequence_length,
-                                   device=device, dtype=weights_dtype)
+                                   device=device, dtype=weights_dtype, prompt_cache_items=prompt_cache_items)
     adapter.latent_shape()  # resolution / frame-count errors before any rollout
     policy = FlowPolicy(pipe, adapter, num_steps=num_steps, sde_kind=sde, noise_level=noise_level, reduce=reduce,
                         plan=plan, plan_kwargs=plan_kwargs or {}, same_noise=same_noise_per_group,

@@ -3,6 +3,7 @@
 Each adapter only calls public pipeline methods and the transformer's forward; diffusers is imported by the caller.
 """
 
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -20,6 +21,12 @@ def model_type_of(pipe_class_name: str) -> str | None:
     return _CLASS_TO_TYPE.get(pipe_class_name)
 
 
+def _rows(enc: dict[str, Tensor]) -> list[dict[str, Tensor]]:
+    """{key: [B, ...]} -> B dicts {key: [...]}."""
+    n = len(next(iter(enc.values())))
+    return [{k: v[i] for k, v in enc.items()} for i in range(n)]
+
+
 class FlowModel:
     """What the policy needs from a text-to-image/video flow model: prompt encoding, velocity, latents, decoding.
 
@@ -28,12 +35,14 @@ class FlowModel:
 
     def __init__(self, pipe: Any, *, height: int, width: int, num_frames: int = 1, guidance_scale: float = 1.0,
                  negative_prompt: str = "", max_sequence_length: int | None = None, device: torch.device,
-                 dtype: torch.dtype):
+                 dtype: torch.dtype, prompt_cache_items: int = 256):
         self.pipe, self.height, self.width, self.num_frames = pipe, height, width, num_frames
         self.guidance_scale, self.negative_prompt = guidance_scale, negative_prompt
         self.max_sequence_length, self.device, self.dtype = max_sequence_length, device, dtype
         self.negative: dict[str, Tensor] | None = None
-        self._cache: dict[str, dict[str, Tensor]] = {}
+        # least recently used first; bounded because a T5 encoding is MBs per prompt and lives on the device
+        self._cache: OrderedDict[str, dict[str, Tensor]] = OrderedDict()
+        self.prompt_cache_items = prompt_cache_items
 
     # -- subclass hooks
     def _encode(self, prompts: list[str]) -> dict[str, Tensor]:
@@ -62,15 +71,19 @@ class FlowModel:
 
     @torch.no_grad()
     def encode(self, prompts: list[str]) -> dict[str, Tensor]:
-        """Conditioning for `prompts` ([B, ...] per key), cached per prompt text (the text encoders are frozen)."""
+        """Conditioning for `prompts` ([B, ...] per key), cached per prompt text (the text encoders are frozen) in an
+        LRU of `prompt_cache_items` prompts (0: no cache; a batch is always encoded whole)."""
         missing = sorted({p for p in prompts if p not in self._cache})
-        if missing:
-            enc = self._encode(missing)
-            for i, p in enumerate(missing):
-                self._cache[p] = {k: v[i] for k, v in enc.items()}
+        fresh = dict(zip(missing, _rows(self._encode(missing)))) if missing else {}
         if self.cfg and self.negative is None:
             self.negative = self._encode([self.negative_prompt])
-        return {k: torch.stack([self._cache[p][k] for p in prompts]) for k in self._cache[prompts[0]]}
+        rows = [fresh[p] if p in fresh else self._cache[p] for p in prompts]
+        for p in dict.fromkeys(prompts):  # this batch's prompts become the most recent
+            self._cache[p] = fresh.get(p) or self._cache[p]
+            self._cache.move_to_end(p)
+        while len(self._cache) > self.prompt_cache_items:
+            self._cache.popitem(last=False)
+        return {k: torch.stack([r[k] for r in rows]) for k in rows[0]}
 
     def velocity(self, transformer: torch.nn.Module, x: Tensor, sigma: Tensor, cond: dict[str, Tensor]) -> Tensor:
         """Guided velocity: v_u + w (v_c - v_u) with one batched pass when CFG is on, else the conditional v."""
