@@ -19,7 +19,7 @@ REPO = BENCH_DIR.parent
 SECTIONS_DIR = BENCH_DIR / "sections"
 PLOTS_DIR = BENCH_DIR / "plots"
 RESULTS = BENCH_DIR / "results.md"
-ORDER = ("flow", "vlm_prefix", "vlm_vs_trl", "vlm", "video", "video_cache", "scaling")
+ORDER = ("flow", "flow_window_long", "vlm_prefix", "vlm_vs_trl", "vlm", "video", "video_cache", "scaling")
 """Sections that come first in results.md, in this order; any other section follows alphabetically."""
 
 
@@ -143,7 +143,9 @@ def git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                              timeout=10, check=False)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+        # the run's own outputs (sections, plots, results.md, the README table) do not make the code dirty
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!bench/sections", ":!bench/plots", ":!bench/results.md", ":!README.md"], cwd=REPO,
                                capture_output=True, text=True, timeout=10, check=False).stdout.strip()
         return out.stdout.strip() + (" (with uncommitted changes)" if dirty else "") if out.returncode == 0 else "?"
     except (OSError, subprocess.SubprocessError):
@@ -224,8 +226,8 @@ def assemble_results(*, header: str, sections_dir: Path | None = None, out: Path
     d = Path(sections_dir) if sections_dir is not None else SECTIONS_DIR
     names = [p.stem for p in d.glob("*.md")] if d.is_dir() else []
     table = summary_table(sections_dir=d, order=order)
-    summary = [f"## Summary\n\n{table}\n\nDetails, raw data and what stands in the way of each missed target follow."] \
-        if table else []
+    tail = "Details, raw data and what stands in the way of each missed target follow."
+    summary = [f"## Summary\n\n{table}\n\n{tail}"] if table else []
     parts = [header.rstrip()] + summary + [(d / f"{n}.md").read_text().rstrip() for n in section_order(names, order)]
     text = "\n\n".join(parts) + "\n"
     target = Path(out) if out is not None else RESULTS

@@ -12,8 +12,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import (BENCH_DIR, REPO, assemble_results, git_commit, machine, now_utc, results_header,
-                          summary_table, update_readme, write_section)
+from bench.common import (
+    BENCH_DIR,
+    REPO,
+    assemble_results,
+    git_commit,
+    machine,
+    now_utc,
+    results_header,
+    summary_table,
+    update_readme,
+    write_section,
+)
 
 SKIP = {"common", "run_all"}
 

@@ -1,4 +1,4 @@
-"""Video benchmark: one GRPO iteration with the vision-feature cache (pipelines/vlm/vision_cache.py) against without it.
+"""Video benchmark: one GRPO iteration with the vision-feature cache (pipelines/vlm/vision_cache.py) and without.
 
 Run: python bench/video_cache.py [--quick]; writes bench/sections/video_cache.md (and its summary row).
 An iteration here is the policy's rollout (prefill + decode), the update's log-probs with backward and the
@@ -18,8 +18,17 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
 
-from bench.common import (fmt_ratio, machine, matmul_gflops, md_table, measure_pair, now_utc, quiet_process,
-                          write_section, write_summary)
+from bench.common import (
+    fmt_ratio,
+    machine,
+    matmul_gflops,
+    md_table,
+    measure_pair,
+    now_utc,
+    quiet_process,
+    write_section,
+    write_summary,
+)
 
 MODEL = "tiny-random-qwen2-vl"
 
@@ -79,9 +88,10 @@ def section(rows: list[tuple[int, str, dict]], *, seconds: float, group: int, re
         t_off, t_on = (sorted(r[k])[len(r[k]) // 2] for k in ("times_a", "times_b"))
         table.append([frames, sharing, fmt_ratio(r), f"{r['calls']['off']} / {r['calls']['auto']}",
                       f"{r['flops']['off'] / r['flops']['auto']:.2f}x"])
+        rate = lambda mode, t, r=r: f"{r['flops'][mode] / t / 1e9 / gflops:.0%}"
         raw.append([frames, sharing, f"{t_off:.3f} / {t_on:.3f}",
                     f"{r['flops']['off'] / 1e9:.2f} / {r['flops']['auto'] / 1e9:.2f}",
-                    f"{r['flops']['off'] / t_off / 1e9 / gflops:.0%} / {r['flops']['auto'] / t_on / 1e9 / gflops:.0%}"])
+                    f"{rate('off', t_off)} / {rate('auto', t_on)}"])
     return "\n".join([
         "## Video: vision-feature cache vs none, one GRPO iteration", "",
         f"`{cmd}`, {now_utc()}, {seconds:.0f} s. Machine: {machine()}.", "",
