@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import yaml
 
-from bench.common import fit_slope, summarise
+from bench.common import fit_slope, summarise, training_iteration
 
 
 def val_spec(tree: dict) -> str:
@@ -84,23 +84,12 @@ class Arm:
 
     def iterate(self) -> dict[str, float]:
         """One training iteration exactly as `mmgrpo.trainer.train` runs it (minus logging and checkpoints)."""
-        from mmgrpo.collect import collect
-        from mmgrpo.trainer import compute_advantages, update
-
-        run = self.run
         self.counter.take()  # drop what evaluations counted since the last iteration
-        t0 = time.perf_counter()
-        run.policy.set_iteration(self.step)
-        batch = collect(run, self.step)
-        t1 = time.perf_counter()
-        adv, use, _ = compute_advantages(run, batch, progress=0.0)
-        update(run, batch, adv, use, self.step)
-        run.scheduler.step()
-        t2 = time.perf_counter()
+        batch, roll_s, upd_s = training_iteration(self.run, self.step)
         self.step += 1
-        self.spent += t2 - t0
-        self.plan = run.policy.last_plan
-        return {"seconds": t2 - t0, "rollout_s": t1 - t0, "update_s": t2 - t1,
+        self.spent += roll_s + upd_s
+        self.plan = self.run.policy.last_plan
+        return {"seconds": roll_s + upd_s, "rollout_s": roll_s, "update_s": upd_s,
                 "reward_s": batch.seconds.get("reward", 0.0), "trained": int(batch.rollout.mask.sum()),
                 **self.counter.take()}
 

@@ -66,6 +66,23 @@ def measure_pair(fn_a: Callable[[], Any], fn_b: Callable[[], Any], *, repeats: i
             "repeats": repeats, "warmup": warmup, "ratio": ratio}
 
 
+def training_iteration(run: Any, step: int) -> tuple[Any, float, float]:
+    """One training iteration of a `mmgrpo.setup.Run` exactly as `mmgrpo.trainer.train` runs it (minus logging and
+    checkpoints): (the collected batch, rollout seconds, update seconds)."""
+    from mmgrpo.collect import collect
+    from mmgrpo.trainer import compute_advantages, update
+
+    t0 = time.perf_counter()
+    if hasattr(run.policy, "set_iteration"):
+        run.policy.set_iteration(step)
+    batch = collect(run, step)
+    t1 = time.perf_counter()
+    adv, use, _ = compute_advantages(run, batch, progress=0.0)
+    update(run, batch, adv, use, step)
+    run.scheduler.step()
+    return batch, t1 - t0, time.perf_counter() - t1
+
+
 def summarise(values: list[float]) -> dict[str, float]:
     """median, min and max of a non-empty list (for ratios measured some other way than measure_pair)."""
     if not values:

@@ -33,6 +33,7 @@ from bench.common import (
     quiet_process,
     save_plot,
     summarise,
+    training_iteration,
     write_section,
     write_summary,
 )
@@ -94,15 +95,7 @@ class Iteration:
         self.run, self.step = run, 0
 
     def __call__(self) -> None:
-        from mmgrpo.collect import collect
-        from mmgrpo.trainer import compute_advantages, update
-
-        if hasattr(self.run.policy, "set_iteration"):
-            self.run.policy.set_iteration(self.step)
-        batch = collect(self.run, self.step)
-        adv, use, _ = compute_advantages(self.run, batch, progress=0.0)
-        update(self.run, batch, adv, use, self.step)
-        self.run.scheduler.step()
+        training_iteration(self.run, self.step)
         self.step += 1
 
 

@@ -29,6 +29,7 @@ from bench.common import (
     now_utc,
     quiet_process,
     summarise,
+    training_iteration,
     write_section,
     write_summary,
 )
@@ -105,19 +106,9 @@ class MmgrpoIter:
         run.policy._score = timed
 
     def __call__(self) -> float:
-        from mmgrpo.collect import collect
-        from mmgrpo.trainer import compute_advantages, update
-
-        run = self.run
         self._score_s = 0.0
-        t0 = time.perf_counter()
-        run.policy.set_iteration(self.step)
-        batch = collect(run, self.step)
-        t1 = time.perf_counter()
-        adv, use, _ = compute_advantages(run, batch, progress=0.0)
-        update(run, batch, adv, use, self.step)
-        run.scheduler.step()
-        self.split.append((t1 - t0, time.perf_counter() - t1, self._score_s))
+        batch, roll_s, upd_s = training_iteration(self.run, self.step)
+        self.split.append((roll_s, upd_s, self._score_s))
         self.step += 1
         return float(batch.total.mean())
 
