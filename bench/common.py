@@ -19,7 +19,8 @@ REPO = BENCH_DIR.parent
 SECTIONS_DIR = BENCH_DIR / "sections"
 PLOTS_DIR = BENCH_DIR / "plots"
 RESULTS = BENCH_DIR / "results.md"
-ORDER = ("flow", "flow_window_long", "vlm_prefix", "vlm_vs_trl", "vlm", "video", "video_cache", "scaling")
+ORDER = ("flow", "flow_window_long", "flow_window_long_constant_lr", "vlm_prefix", "vlm_vs_trl", "vlm", "video",
+         "video_cache", "scaling")
 """Sections that come first in results.md, in this order; any other section follows alphabetically."""
 
 
