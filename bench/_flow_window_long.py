@@ -18,7 +18,7 @@ import yaml
 
 from bench import flow
 from bench._flow_arms import Evaluator, change, gain, make_run, val_spec
-from bench.common import machine, md_table, now_utc, quiet_process, write_section
+from bench.common import machine, md_table, now_utc, quiet_process, write_section, write_summary
 
 WINDOW = "window (MixGRPO)"
 
@@ -88,7 +88,13 @@ def main(argv: list[str] | None = None) -> None:
          + (", ".join(f"{r:.2f}x" for r in ratios) if ratios else "none (all-step gained nothing in every seed)")
          + f"; issue 9 target >= {flow.TARGETS['window']:.0f}x."),
     ])
-    write_section("flow_window_long" + ("_constant_lr" if args.constant_lr else ""), md)
+    name = "flow_window_long" + ("_constant_lr" if args.constant_lr else "")
+    write_section(name, md)
+    comparison = (f"flow: MixGRPO window vs all-step, reward gain per second, {args.budget:.0f} s per arm, seeds "
+                  f"{', '.join(map(str, args.seeds))}{', constant lr' if args.constant_lr else ''} (supplementary: "
+                  f"`python bench/{Path(__file__).name}`, not run by make bench)")
+    measured = "partial accuracy " + "; ".join(f"seed {r[0]}: {r[5]}" for r in rows if r[1] == "partial")
+    write_summary(name, [(comparison, measured, f">= {flow.TARGETS['window']:.0f}x")])
     print(md)
 
 
