@@ -130,13 +130,11 @@ def profile_step(fn) -> tuple[int, float]:
     """
     from torch.profiler import ProfilerActivity, profile
 
+    from mmgrpo.runtime import profiler_peak_bytes
+
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
-    live = peak = 0
-    for _, nbytes in events:
-        live += nbytes
-        peak = max(peak, live)
+    peak = profiler_peak_bytes(prof)
     ops = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in ops)
     attn = sum(e.self_cpu_time_total for e in ops if "scaled_dot_product" in e.key)

@@ -200,6 +200,12 @@ def peak_bytes(fn, device: torch.device) -> int:
     finally:
         with _quiet_stderr():
             prof.stop()
+    return profiler_peak_bytes(prof)
+
+
+def profiler_peak_bytes(prof) -> int:
+    """The peak of the running sum of a finished torch.profiler(profile_memory=True) run's allocator events
+    (+bytes on alloc, -bytes on free) in time order: peak bytes over what was live when it started."""
     events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
     return max(accumulate((nbytes for _, nbytes in events), initial=0))
 
