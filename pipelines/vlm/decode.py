@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from pipelines.vlm.prefix import SHARED_MODEL_TYPES, TOKEN_KEYS, mrope_positions
+from pipelines.vlm.prefix import SHARED_MODEL_TYPES, mrope_positions
 
 
 def supports_own_loop(policy: Any, encs: list[dict[str, Any]]) -> bool:
@@ -27,25 +27,19 @@ def supports_own_loop(policy: Any, encs: list[dict[str, Any]]) -> bool:
 
 
 def prompt_batch(lm: Any, encs: list[dict[str, Any]], pad_id: int) -> tuple[dict[str, Tensor], Tensor]:
-    """Model inputs for B prompts, left-padded (input_ids pad_id, masks 0) with explicit M-RoPE positions [3, B, L],
-    per-image tensors concatenated; and each prompt's next position [B] (its largest position + 1)."""
-    width = max(e["input_ids"].shape[1] for e in encs)
-    dev = encs[0]["input_ids"].device
-    ids = torch.full((len(encs), width), pad_id, dtype=torch.long, device=dev)  # [B, L]
-    att, mm = torch.zeros_like(ids), torch.zeros_like(ids)  # [B, L]
+    """Model inputs for B prompts, left-padded as `generate` gets them (rollout.left_pad_prompts) plus explicit M-RoPE
+    positions [3, B, L]; and each prompt's next position [B] (its largest position + 1)."""
+    from pipelines.vlm.rollout import left_pad_prompts
+
+    batch = left_pad_prompts(encs, pad_id)
+    width, dev = batch["input_ids"].shape[1], batch["input_ids"].device
     pos = torch.ones((3, len(encs), width), dtype=torch.long, device=dev)  # [3, B, L] padding: any position
     nxt = torch.zeros(len(encs), dtype=torch.long, device=dev)  # [B]
     for b, enc in enumerate(encs):
-        lp = enc["input_ids"].shape[1]
-        ids[b, width - lp:], att[b, width - lp:] = enc["input_ids"][0], 1
-        mm[b, width - lp:] = enc["mm_token_type_ids"][0]
         p = mrope_positions(lm, enc)  # [3, Lp]
-        pos[:, b, width - lp:] = p
+        pos[:, b, width - p.shape[1]:] = p
         nxt[b] = int(p.max()) + 1
-    keys = [k for k, v in encs[0].items() if isinstance(v, Tensor) and k not in TOKEN_KEYS and not k.startswith("_")]
-    batch = {"input_ids": ids, "attention_mask": att, "position_ids": pos, "mm_token_type_ids": mm,
-             **{k: torch.cat([e[k] for e in encs], dim=0) for k in keys}}
-    return batch, nxt
+    return {**batch, "position_ids": pos}, nxt
 
 
 def _all_done(done: bool, synced: bool, device: torch.device) -> bool:
