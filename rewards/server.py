@@ -1,7 +1,10 @@
 """HTTP reward server (stdlib ThreadingHTTPServer): POST /<name> scores a batch; requests are batched across clients.
 
 Loopback by default, optional bearer token. Images travel as PNG: base64 inside the JSON batch, or one raw image/png
-body (prompt in the query string). 400 bad payload, 401 token, 404 unknown name.
+body (prompt in the query string). Bodies come with Content-Length or `Transfer-Encoding: chunked` (what `requests`
+sends for a generator), both capped at MAX_BODY. 400 bad payload, 401 token, 404 unknown name, 413 too large,
+501 other transfer codings. An error answered before the whole body was read closes the connection, so leftover
+body bytes are never parsed as the next request; every other answer keeps a keep-alive connection usable.
 """
 
 import base64
@@ -186,7 +189,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self.path.split("?")[0].strip("/").removeprefix("rewards/")
 
     def do_GET(self):
-        if not self._authorised():
+        if not self._authorised() or self._read_body() is None:
             return
         name = self._reward_name()
         if name in ("", "rewards", "health"):
@@ -198,18 +201,54 @@ class _Handler(BaseHTTPRequestHandler):
                 HTTPStatus.NOT_FOUND, {"error": f"unknown reward {name!r}; served: {sorted(self.server.rewards)}"}
             )
 
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer an error whose body was not (fully) read: the connection closes, so no body byte is parsed later."""
+        self.close_connection = True
+        self._send(status, {"error": message})
+
+    def _read_body(self) -> bytes | None:
+        """The request body, Content-Length or chunked, at most MAX_BODY bytes; None after answering an error.
+
+        Every path either reads the whole body or closes the connection: bytes left unread on a keep-alive
+        connection would be parsed as the next request.
+        """
+        coding = self.headers.get("Transfer-Encoding")
+        if coding is not None:
+            if self.headers.get("Content-Length") is not None:  # RFC 9112 6.3: ambiguous framing (smuggling)
+                self._refuse(HTTPStatus.BAD_REQUEST, "send Content-Length or Transfer-Encoding: chunked, not both")
+                return None
+            if coding.strip().lower() != "chunked":
+                self._refuse(HTTPStatus.NOT_IMPLEMENTED, f"Transfer-Encoding {coding!r} is not supported; use chunked")
+                return None
+            try:
+                return read_chunked(self.rfile, MAX_BODY)
+            except BodyTooLarge as err:
+                self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, str(err))
+            except ValueError as err:
+                self._refuse(HTTPStatus.BAD_REQUEST, str(err))
+            return None
+        raw = self.headers.get("Content-Length") or "0"
+        length = int(raw) if raw.strip().isdigit() else -1
+        if length < 0:
+            self._refuse(HTTPStatus.BAD_REQUEST, f"Content-Length {raw!r} must be a size in bytes")
+            return None
+        if length > MAX_BODY:  # refused from the header alone: the body is never read
+            message = f"body of {length} bytes exceeds the {MAX_BODY}-byte limit; send fewer samples per request"
+            self._refuse(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, message)
+            return None
+        body = self.rfile.read(length)
+        if len(body) != length:
+            self.close_connection = True  # the client hung up mid-body
+            return None
+        return body
+
     def do_POST(self):
         if not self._authorised():
             return
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-        except ValueError:
-            length = -1
-        if not 0 <= length <= MAX_BODY:
-            self.close_connection = True
-            self._send(HTTPStatus.BAD_REQUEST, {"error": f"Content-Length must be a size in [0, {MAX_BODY}] bytes"})
+        body = self._read_body()
+        if body is None:
             return
-        body = self.rfile.read(length)
+        length = len(body)
         name = self._reward_name()
         if name not in self.server.rewards:
             self._send(
@@ -234,6 +273,45 @@ class _Handler(BaseHTTPRequestHandler):
             )
         else:
             self._send(HTTPStatus.OK, {"scores": scores})
+
+
+class BodyTooLarge(ValueError):
+    pass
+
+
+def read_chunked(rfile, limit: int) -> bytes:
+    """A chunked body (RFC 9112 section 7.1): size lines in hex, optional extensions and trailers; at most `limit`.
+
+    Raises BodyTooLarge past `limit` (counted before reading the chunk) and ValueError on broken framing.
+    """
+    parts, total = [], 0
+    while True:
+        line = rfile.readline(1026)
+        if not line.endswith(b"\n"):
+            raise ValueError("chunked body: a chunk-size line is missing or longer than 1024 bytes")
+        size_text = line.split(b";", 1)[0].strip()
+        try:
+            size = int(size_text, 16)
+        except ValueError:
+            raise ValueError(f"chunked body: chunk size {size_text[:20]!r} is not a hex number") from None
+        if size < 0:
+            raise ValueError(f"chunked body: negative chunk size {size_text[:20]!r}")
+        if size == 0:
+            break
+        total += size
+        if total > limit:
+            raise BodyTooLarge(f"chunked body exceeds the {limit}-byte limit; send fewer samples per request")
+        chunk = rfile.read(size)
+        if len(chunk) != size or rfile.read(2) != b"\r\n":
+            raise ValueError("chunked body: a chunk is shorter than its size or lacks its CRLF")
+        parts.append(chunk)
+    for _ in range(64):  # trailer fields up to the empty line
+        line = rfile.readline(8194)
+        if line in (b"\r\n", b"\n"):
+            return b"".join(parts)
+        if not line.endswith(b"\n"):
+            raise ValueError("chunked body: the trailer section is not terminated by an empty line")
+    raise ValueError("chunked body: more than 64 trailer lines")
 
 
 def _info(r: Reward) -> dict:

@@ -146,7 +146,7 @@ def test_status_codes(server):
     conn.putheader("Content-Length", str(MAX_BODY + 1))
     conn.endheaders()
     resp = conn.getresponse()
-    assert resp.status == 400 and "Content-Length" in json.loads(resp.read())["error"]
+    assert resp.status == 413 and f"{MAX_BODY}-byte limit" in json.loads(resp.read())["error"]
     assert resp.getheader("Connection") == "close"
     conn.close()
     with pytest.raises(ValueError, match="401"):
