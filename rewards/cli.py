@@ -4,9 +4,12 @@
 """
 
 import argparse
+import inspect
 import json
 import os
 import sys
+import types
+import typing
 
 from mmgrpo.errors import UserError
 
@@ -23,6 +26,49 @@ def _parse_kv(items: list[str] | None, flag: str) -> dict:
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+def _accepted_types(param: inspect.Parameter) -> tuple[type, ...] | None:
+    """The plain types a keyword takes, from its annotation (else its default); None when unknown or not plain."""
+    ann = param.annotation
+    if ann is inspect.Parameter.empty:
+        default = param.default
+        return None if default is inspect.Parameter.empty or default is None else (type(default),)
+    options = (
+        typing.get_args(ann) if isinstance(ann, types.UnionType) or typing.get_origin(ann) is typing.Union else (ann,)
+    )
+    if not all(isinstance(t, type) for t in options):
+        return None  # Literal, list[int], a dict of sub-rewards...: the factory checks those itself
+    return tuple(options)
+
+
+def _type_ok(value, accepted: tuple[type, ...]) -> bool:
+    if value is None:
+        return type(None) in accepted
+    if isinstance(value, bool):  # JSON true is a bool, not the number 1
+        return bool in accepted
+    if isinstance(value, int) and float in accepted:
+        return True
+    return isinstance(value, accepted)
+
+
+def check_kwarg_types(name: str, kwargs: dict, flag: str = "--kw") -> None:
+    """Refuse a keyword whose value has the wrong plain type (`atol=abc` for a float) before the reward is built."""
+    from rewards.api import REWARDS
+
+    if name.startswith(("http://", "https://")) or name not in REWARDS:
+        return
+    REWARDS.check_kwargs(name, kwargs, field=flag)
+    params = inspect.signature(REWARDS.get(name)).parameters
+    for key, value in kwargs.items():
+        accepted = _accepted_types(params[key]) if key in params else None
+        if accepted is None or _type_ok(value, accepted):
+            continue
+        wanted = " or ".join("null" if t is type(None) else t.__name__ for t in accepted)
+        default = params[key].default
+        example = f"{key}={json.dumps(default)}" if default is not inspect.Parameter.empty else f"{key}=..."
+        shown = value if isinstance(value, str) else json.dumps(value)
+        raise UserError(f"{flag} {key}={shown}: reward {name!r} takes a {wanted} for {key!r}, e.g. {flag} {example}")
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -43,9 +89,15 @@ def cmd_score(args: argparse.Namespace) -> int:
     kwargs = _parse_kv(args.kw, "--kw")
     fields = {k: [v] for k, v in _parse_kv(args.field, "--field").items()}
     try:
+        check_kwarg_types(args.name, kwargs)
         reward = rewards.load(args.name, **kwargs)
     except ValueError as err:
         raise UserError(str(err)) from None
+    except TypeError as err:  # a keyword of a type the checks above could not see (e.g. inside a nested dict)
+        given = " ".join(f"{k}={v!r}" for k, v in kwargs.items())
+        raise UserError(
+            f"--kw {given}: reward {args.name!r} cannot use these values ({err}); fix their types"
+        ) from None
     if reward.input == "text":
         sample = args.sample
     elif os.path.isfile(args.sample):
@@ -73,6 +125,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from rewards.client import TOKEN_ENV
     from rewards.server import make_server
 
+    if not 0 <= args.port <= 65535:
+        raise UserError(
+            f"--port {args.port} is not a TCP port; use 1-65535 (e.g. --port 8000), or 0 for any free port"
+        )
+    if args.max_batch < 1:
+        raise UserError(f"--max-batch {args.max_batch} must be >= 1, e.g. --max-batch 64")
     names = [n.strip() for n in args.rewards.split(",") if n.strip()]
     token = args.token or os.environ.get(TOKEN_ENV) or None
     if args.host not in ("127.0.0.1", "localhost", "::1") and not token:

@@ -1,6 +1,7 @@
 """HTTP client reward: `rewards.load("http://127.0.0.1:8000/pickscore")` scores through a RewardServer.
 
-Timeout and retries with backoff on connection errors and 502/503/504; 4xx answers raise ValueError with the message.
+Timeout and retries with backoff on connection errors and 502/503/504; 4xx answers raise ValueError with the message;
+a server still unreachable after the retries raises ServerUnreachable, one line naming the URL (a UserError to the CLI).
 """
 
 import json
@@ -11,17 +12,34 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from mmgrpo.errors import UserError
 from rewards.api import Reward
 
 TOKEN_ENV = "MMGRPO_REWARDS_TOKEN"  # read by the client and by `mmgrpo serve-rewards` when no token is passed
+
+
+class ServerUnreachable(ConnectionError, UserError):
+    """No answer from a server after every retry: a ConnectionError to callers, one line and exit 2 to the CLI."""
 
 
 class HttpReward(Reward):
     """A Reward whose scoring runs on a remote RewardServer; kind, input and fields come from the server."""
 
     def __init__(
-        self, url: str, *, token: str | None = None, timeout: float = 60.0, retries: int = 3, backoff: float = 0.5
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 60.0,
+        retries: int = 3,
+        backoff: float = 0.5,
+        **unknown: Any,
     ):
+        if unknown:  # the remote reward's own keywords are fixed where it is served, not by its clients
+            raise ValueError(
+                f"reward URL {url!r} takes no keyword {', '.join(map(repr, unknown))}; it accepts token, timeout, "
+                "retries, backoff (set the reward's own keywords on the server that serves it)"
+            )
         parts = urllib.parse.urlsplit(url)
         name = parts.path.strip("/").removeprefix("rewards/")
         if not name or "/" in name:
@@ -103,7 +121,11 @@ def request_json(
             raise RuntimeError(f"{url} answered {err.code}: {message}") from None
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as err:
             last = err
-    raise ConnectionError(f"{what} {url} unreachable after {retries + 1} attempts (timeout {timeout:g} s): {last}")
+    reason = " ".join(str(getattr(last, "reason", last)).split())
+    raise ServerUnreachable(
+        f"{what} {url} unreachable after {retries + 1} attempts (timeout {timeout:g} s): {reason}; "
+        f"start it (e.g. `mmgrpo serve-rewards --rewards NAME --port PORT`) or fix the URL"
+    )
 
 
 def _error_text(err: urllib.error.HTTPError) -> str:

@@ -60,6 +60,16 @@ def test_score_image_file(parser, capsys, tmp_path):
         (["rewards", "score", "format", "x", "--kw", "mode"], "key=value"),
         (["rewards", "score", "jpeg_compressibility", "/no/such.png"], "not a file"),
         (["rewards", "score", "accuracy", "4"], "answers"),
+        (
+            ["rewards", "score", "numeric", "3", "--kw", "atol=abc"],
+            r"--kw atol=abc: .* takes a float .* --kw atol=1e-06",
+        ),
+        (["rewards", "score", "numeric", "3", "--kw", "atol=true"], r"--kw atol=true: .* takes a float"),
+        (["rewards", "score", "numeric", "3", "--kw", "tag=3"], r"--kw tag=3: .* takes a str"),
+        (["rewards", "score", "numeric", "3", "--kw", "atl=1"], r"--kw: .* no keyword 'atl' \(did you mean 'atol'"),
+        (["serve-rewards", "--rewards", "numeric", "--port", "99999"], r"--port 99999 is not a TCP port; use 1-65535"),
+        (["serve-rewards", "--rewards", "numeric", "--port", "-1"], r"--port -1 is not a TCP port"),
+        (["serve-rewards", "--rewards", "numeric", "--max-batch", "0"], r"--max-batch 0 must be >= 1"),
     ],
 )
 def test_score_user_errors_are_one_line(parser, argv, match):
@@ -97,3 +107,30 @@ def test_serve_rewards_binds_and_stops(parser, monkeypatch, capsys):
     bad = parser.parse_args(["serve-rewards", "--rewards", "nope", "--port", "0"])
     with pytest.raises(rewards.UserError, match="unknown reward 'nope'"):
         bad.func(bad)
+
+
+def test_kw_of_the_right_type_still_scores(parser, capsys):
+    # an int where a float is expected is fine (JSON 1 -> atol=1): |3.5 - 3| <= 1 scores 1
+    args = parser.parse_args(["rewards", "score", "numeric", "3.5", "--kw", "atol=1", "--field", "answers=3"])
+    assert args.func(args) == 0 and capsys.readouterr().out.strip() == "1"
+
+
+def test_unreachable_reward_url_is_one_line_through_the_cli(capsys):
+    # nothing listens on port 9 (discard) of the loopback: the CLI prints one line naming the URL, exit 2
+    from mmgrpo.cli import main
+    from rewards import client
+
+    real = client.HttpReward.__init__
+
+    def quick(self, url, **kw):  # the CLI's default retries with 0.5 s backoff; keep the test fast
+        real(self, url, retries=1, backoff=0.01, timeout=2)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(client.HttpReward, "__init__", quick)
+    try:
+        assert main(["rewards", "score", "http://127.0.0.1:9/numeric", "3"]) == 2
+    finally:
+        mp.undo()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "http://127.0.0.1:9/numeric unreachable after 2 attempts" in err and "serve-rewards" in err

@@ -156,8 +156,13 @@ def test_status_codes(server):
 
 
 def test_unreachable_server_retries_then_fails():
-    with pytest.raises(ConnectionError, match="unreachable after 2 attempts"):
+    from rewards.client import ServerUnreachable
+
+    with pytest.raises(ServerUnreachable, match="unreachable after 2 attempts") as info:
         rewards.load("http://127.0.0.1:9/edit_similarity", retries=1, backoff=0.01, timeout=2)
+    # a ConnectionError to library callers, a UserError (one line, exit 2) to the CLI
+    assert isinstance(info.value, ConnectionError) and isinstance(info.value, rewards.UserError)
+    assert "http://127.0.0.1:9/edit_similarity" in str(info.value) and "\n" not in str(info.value)
 
 
 def test_loopback_load_200_concurrent_requests(server):
@@ -274,3 +279,9 @@ def test_client_retries_5xx_but_not_4xx():
         srv.shutdown()
         srv.server_close()
         thread.join(timeout=10)
+
+
+def test_url_reward_refuses_the_remote_rewards_keywords():
+    # refused before any request: a recipe's kwargs for a URL reward would otherwise end in a TypeError
+    with pytest.raises(ValueError, match=r"takes no keyword 'max_len'; it accepts token, timeout"):
+        rewards.load("http://127.0.0.1:9/toy_count", max_len=8)
