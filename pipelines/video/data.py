@@ -6,12 +6,16 @@ grounding or "answers" for QA}: field names are the rewards' (`temporal_iou` rea
 """
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from mmgrpo.errors import UserError
 from pipelines.video.io import check_videos, video_info
+from pipelines.vlm.data import text_problem
+
+log = logging.getLogger(__name__)
 
 SHAPES_VIDEO = "shapes_video"
 QUESTION_KEYS = ("question", "problem", "prompt", "query")
@@ -106,7 +110,16 @@ def jsonl_records(path: str | os.PathLike, *, limit: int | None = None, skip_bad
                 row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise UserError(f"{where}: not valid JSON ({err.msg} at column {err.colno}); fix that line") from None
-            recs.append(parse_row(row, where, p.parent))
+            if isinstance(row, dict) and row.get("id") is not None:
+                where = f"{where} (id {row['id']!r})"
+            rec = parse_row(row, where, p.parent)
+            problem = text_problem(rec["question"])
+            if problem and not skip_bad_videos:
+                raise UserError(f"{where}: {problem}, or set pipeline.kwargs.skip_bad_videos=true to skip such rows")
+            if problem:
+                log.warning("skipped %s: %s", where, problem)
+                continue
+            recs.append(rec)
             wheres.append(where)
             if limit is not None and len(recs) >= limit:
                 break

@@ -97,6 +97,9 @@ _READ = {"decord": _decord_read, "av": _av_read}
 
 def _check_file(path: str | os.PathLike) -> str:
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"video {str(path)!r} is a directory, not a video file; point at the file inside it (or set "
+                        f"skip_bad_videos=true to skip it)")
     if not p.is_file():
         raise UserError(f"video {str(path)!r} does not exist; fix the path (or set skip_bad_videos=true to skip it)")
     if p.stat().st_size == 0:

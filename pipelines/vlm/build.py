@@ -152,7 +152,8 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
               lora_targets: str | list[str] | None = None, freeze_vision: bool = False,
               gradient_checkpointing: bool = False, model_dtype: str | None = None, attn_implementation: str = "sdpa",
               min_pixels: int | None = None, max_pixels: int | None = None,
-              max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+              max_new_tokens: int = 64, max_prompt_length: int | None = None, temperature: float = 1.0,
+              top_p: float = 1.0, top_k: int = 0,
               stop: list[str] | str | None = "</answer>", system_prompt: str | None = None,
               instruction: str | None = FORMAT_INSTRUCTION, prefix_sharing: str | bool = "auto",
               prefix_attention: str = "auto", vision_cache: str = "auto", vision_cache_items: int = 64,
@@ -162,14 +163,18 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
               vllm_gpu_memory_utilization: float = 0.3,
               vllm_max_model_len: int | None = None, vllm_enable_sleep_mode: bool = False,
               vllm_engine_kwargs: dict[str, Any] | None = None, cache_dir: str | None = None) -> Task:
-    """GRPO on an image-text-to-text model (Qwen2-VL, Qwen2.5-VL, ...) over VQA-style records with verifiable answers."""
-    from pipelines.vlm.data import SHAPES_VQA, load_records, max_images
+    """GRPO on an image-text-to-text model (Qwen2-VL, Qwen2.5-VL, ...) over VQA-style records with verifiable answers.
+
+    max_prompt_length: refuse (or, with skip_bad_images, skip) records whose chat prompt, image tokens included, is
+    longer; every prompt must also leave max_new_tokens within the model's positions. Text is never silently cut.
+    """
+    from pipelines.vlm.data import SHAPES_VQA, check_prompt_lengths, load_records, max_images
     from pipelines.vlm.methods import CareLikelihood
     from pipelines.vlm.policy import SampleSettings, VLMModule, VLMPolicy
     from pipelines.vlm.rollout import make_backend
 
     _check(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, logp_chunk_tokens=logp_chunk_tokens,
-           model_dtype=model_dtype)
+           model_dtype=model_dtype, max_prompt_length=max_prompt_length)
     _check_rollout(rollout_backend, check_logp=check_logp, gpu_memory_utilization=vllm_gpu_memory_utilization,
                    max_model_len=vllm_max_model_len, max_new_tokens=max_new_tokens,
                    prompts_per_call=rollout_prompts_per_call)
@@ -192,13 +197,17 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
     hf = apply_training_mode(hf, lora_rank=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
                              lora_targets=lora_targets, freeze_vision=freeze_vision,
                              gradient_checkpointing=gradient_checkpointing).to(device)
+    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
+    settings = SampleSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                              stop=stops, system_prompt=system_prompt, instruction=instruction)
+    fit = {"positions": model_positions(hf, vllm_max_model_len), "max_prompt_length": max_prompt_length,
+           "max_new_tokens": max_new_tokens, "skip_bad_images": skip_bad_images}
+    train = check_prompt_lengths(train, processor, settings, field="pipeline.kwargs.data", **fit)
+    evals = check_prompt_lengths(evals, processor, settings, field="pipeline.kwargs.eval_data", **fit)
     module = VLMModule(hf, pad_id=processor.tokenizer.pad_token_id, temperature=temperature,
                        shared=_shared_mode(prefix_sharing, hf, prefix_attention), chunk_tokens=logp_chunk_tokens,
                        prefix_attention=prefix_attention, vision_cache=vision_cache,
                        vision_cache_items=vision_cache_items)
-    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    settings = SampleSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                              stop=stops, system_prompt=system_prompt, instruction=instruction)
     care = CareLikelihood(decay=care_ema_decay, every=care_ema_every) if care_likelihood else None
     try:
         policy = VLMPolicy(module, processor, device=device, settings=settings, reference=reference, care=care,
@@ -209,9 +218,23 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
     return Task(policy=policy, module=module, train_data=train, eval_data=evals, rewards=rewards)
 
 
+def model_positions(hf, max_model_len: int | None = None) -> int | None:
+    """The most tokens (prompt + completion) the language model has positions for, or None when it does not say."""
+    from pipelines.vlm.policy import unwrap
+
+    cfg = unwrap(hf).config
+    n = getattr(getattr(cfg, "text_config", cfg), "max_position_embeddings", None)
+    n = n or getattr(cfg, "max_position_embeddings", None)
+    return min(x for x in (n, max_model_len) if x) if (n or max_model_len) else None
+
+
 def _check(**kw: Any) -> None:
     if kw["max_new_tokens"] < 1:
         raise UserError(f"pipeline.kwargs.max_new_tokens ({kw['max_new_tokens']}) must be >= 1")
+    limit = kw.get("max_prompt_length")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise UserError(f"pipeline.kwargs.max_prompt_length ({limit!r}) must be a whole number of tokens >= 1 (image "
+                        f"tokens included), or null for the model's positions minus max_new_tokens")
     if kw["temperature"] <= 0:
         raise UserError(f"pipeline.kwargs.temperature ({kw['temperature']}) must be > 0: GRPO samples, and the "
                         f"log-probs are of softmax(logits / temperature)")

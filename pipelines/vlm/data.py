@@ -17,6 +17,8 @@ import numpy as np
 from mmgrpo.errors import UserError
 
 SHAPES_VQA = "shapes_vqa"
+WHERE_KEY = "_where"
+"""record key holding the row's location ("data.jsonl:3 (id 'q7')"); no reward declares it, so none receives it"""
 HF_PREFIX = "hf:"
 HF_SPLITS = {"train": "train", "val": "validation"}
 """the Hugging Face split read for our train / val split when the spec names none"""
@@ -35,18 +37,54 @@ def shapes_vqa_records(split: str, n: int, *, seed: int = 0, resolution: int = 3
              "id": r["id"]} for r in rows]
 
 
+MAX_ASPECT_RATIO = 200
+"""Qwen2-VL's processor (smart_resize) refuses max(h, w) / min(h, w) > 200: such images are refused at load time"""
+VISION_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+                         "<|im_start|>", "<|im_end|>", "<|endoftext|>")
+"""the Qwen2/2.5/3-VL chat and vision tokens: user text holding one makes the processor miscount image/video tokens
+(or opens a fake turn), so a record whose text contains one is refused at load time (not escaped: such text is almost
+always an already-templated prompt)"""
+
+
+def to_rgb(im):
+    """A PIL image as 8-bit RGB: EXIF orientation applied, 16-bit / int / float modes scaled (not clipped) to 0-255,
+    transparency composited on white (as qwen-vl-utils does), CMYK and palette converted."""
+    from PIL import Image, ImageOps
+
+    im = ImageOps.exif_transpose(im)  # a phone JPEG stored sideways with an Orientation tag trains upright
+    if im.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
+        arr = np.asarray(im, dtype=np.float64)  # [H, W]
+        if im.mode.startswith("I;16") or (im.mode == "I" and arr.size and arr.min() >= 0 and arr.max() <= 65535):
+            arr = arr / 257.0  # 16-bit range onto 8 bits: 65535 -> 255 (PNG's own scaling, PNG spec 12.6)
+        elif im.mode == "F" and arr.size and arr.min() >= 0 and arr.max() <= 1:
+            arr = arr * 255.0
+        elif arr.size and arr.max() > arr.min():
+            arr = (arr - arr.min()) / (arr.max() - arr.min()) * 255.0  # any other range: its min..max onto 0..255
+        else:
+            arr = np.zeros_like(arr)
+        im = Image.fromarray(np.clip(np.round(arr), 0, 255).astype(np.uint8), mode="L")
+    if im.mode == "P" and "transparency" in im.info:
+        im = im.convert("RGBA")
+    if im.mode in ("RGBA", "LA", "PA", "La", "RGBa"):
+        rgba = im.convert("RGBA")
+        white = Image.new("RGB", rgba.size, (255, 255, 255))
+        white.paste(rgba, mask=rgba.getchannel("A"))
+        return white
+    return im.convert("RGB")
+
+
 def load_image(image: Any):
-    """A PIL RGB image from a path, a PIL image, Hugging Face {"bytes": ...}, or an HxWx3 uint8 array."""
+    """A PIL RGB image from a path, a PIL image, Hugging Face {"bytes": ...}, or an HxWx3 uint8 array (see to_rgb)."""
     from PIL import Image
 
     if isinstance(image, dict) and image.get("bytes") is not None:
         with Image.open(io.BytesIO(image["bytes"])) as im:
-            return im.convert("RGB")
+            return to_rgb(im)
     if isinstance(image, Image.Image):
-        return image.convert("RGB")
+        return to_rgb(image)
     if isinstance(image, str | Path):
         with Image.open(image) as im:
-            return im.convert("RGB")
+            return to_rgb(im)
     arr = np.asarray(image)
     if arr.ndim != 3 or arr.shape[-1] != 3:
         raise ValueError(f"image array must be [H, W, 3], got shape {arr.shape}")
@@ -66,26 +104,51 @@ def max_images(records: list[dict[str, Any]]) -> int:
     return max((len(record_images(r)) for r in records), default=0)
 
 
+def _aspect_problem(width: int, height: int, what: str) -> str | None:
+    if min(width, height) < 1:
+        return f"{what} is empty ({width}x{height} pixels)"
+    if max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
+        return (f"{what} is {width}x{height} pixels: aspect ratio {max(width, height) / min(width, height):.0f} exceeds "
+                f"the {MAX_ASPECT_RATIO} the Qwen-VL processor accepts; crop or pad it")
+    return None
+
+
 def _image_problem(image: Any) -> str | None:
-    """Why `image` (a path or a decoded image) cannot be used, or None when it opens and decodes."""
+    """Why `image` cannot be used, or None when it opens, decodes and the processor would accept its shape."""
     from PIL import Image, UnidentifiedImageError
 
     if isinstance(image, dict):  # Hugging Face Image bytes: decode once now, so a corrupt one names its row
         try:
-            load_image(image).load()
+            im = load_image(image)
+            im.load()
         except (OSError, UnidentifiedImageError, ValueError) as err:
             return f"image bytes cannot be read ({type(err).__name__}: {err})"
-        return None
+        return _aspect_problem(*im.size, "image bytes")
+    if isinstance(image, Image.Image):
+        return _aspect_problem(*image.size, "image")
     if not isinstance(image, str | Path):
-        return None  # decoded in memory already (PIL image, array)
+        arr = np.asarray(image)
+        return _aspect_problem(arr.shape[1], arr.shape[0], "image array") if arr.ndim == 3 else None
     path = Path(image)
+    if path.is_dir():
+        return f"image {str(path)!r} is a directory, not an image file"
     if not path.is_file():
         return f"image {str(path)!r} does not exist"
     try:
         with Image.open(path) as im:
-            im.convert("RGB").load()
+            rgb = to_rgb(im)
+            rgb.load()
     except (OSError, UnidentifiedImageError, ValueError) as err:
         return f"image {str(path)!r} cannot be read ({type(err).__name__}: {err})"
+    return _aspect_problem(*rgb.size, f"image {str(path)!r}")
+
+
+def text_problem(text: str, what: str = "question") -> str | None:
+    """Why user text cannot go into the chat template: it holds one of the model's special tokens."""
+    found = [t for t in VISION_SPECIAL_TOKENS if t in text]
+    if found:
+        return (f"the {what} contains the special token {found[0]!r}, which the processor would read as a real "
+                f"image/video slot or turn marker; remove it (or write it without the '|')")
     return None
 
 
@@ -125,6 +188,7 @@ def _parse_row(row: Any, where: str, root: Path) -> dict[str, Any]:
            "answers": answer if isinstance(answer, str) else json.dumps(answer)}
     rec["category"] = str(row.get("category", row.get("type", "all")))
     rec.update({k: v for k, v in row.items() if k not in skip and k not in rec})
+    rec[WHERE_KEY] = where  # file:line (id) for problems found once the processor is known (prompt length)
     return rec
 
 
@@ -134,9 +198,10 @@ def _checked(rows: Iterator[tuple[str, str, Any]], root: Path, *, source: str, s
     records, skipped = [], []
     for where, label, row in rows:
         rec = _parse_row(row, where, root)
-        problems = [q for q in map(_image_problem, record_images(rec)) if q]
+        problems = [q for q in [text_problem(rec["prompt"]), *map(_image_problem, record_images(rec))] if q]
         if problems and not skip_bad_images:
-            raise UserError(f"{where}: {problems[0]}; {fix} or set pipeline.kwargs.skip_bad_images=true to skip such "
+            hint = fix if ("does not exist" in problems[0] or "is a directory" in problems[0]) else "fix that row"
+            raise UserError(f"{where}: {problems[0]}; {hint} or set pipeline.kwargs.skip_bad_images=true to skip such "
                             f"rows")
         if problems:
             skipped.append(f"{label}: {problems[0]}")
@@ -145,7 +210,7 @@ def _checked(rows: Iterator[tuple[str, str, Any]], root: Path, *, source: str, s
         if limit is not None and len(records) >= limit:
             break
     if skipped:
-        warnings.warn(f"{source}: skipped {len(skipped)} row(s) with missing or unreadable images "
+        warnings.warn(f"{source}: skipped {len(skipped)} row(s) the model cannot take "
                       f"(first: {skipped[0]})", stacklevel=3)
     return records
 
@@ -221,3 +286,56 @@ def load_records(data: str, *, split: str, size: int | None, seed: int, resoluti
     if data.startswith(HF_PREFIX):
         return hf_records(data, split=split, skip_bad_images=skip_bad_images, limit=size, field=field)
     return jsonl_records(data, skip_bad_images=skip_bad_images, limit=size, field=field)
+
+
+def prompt_tokens(processor: Any, chat: str, images: list) -> tuple[int, int]:
+    """(prompt tokens, of which image tokens) of a chat-template text whose images expand to the processor's count."""
+    ids = processor.tokenizer(chat, add_special_tokens=False)["input_ids"]
+    if not images:
+        return len(ids), 0
+    count = getattr(processor, "_get_num_multimodal_tokens", None)
+    if count is not None:  # from the image sizes alone: no pixel work
+        per_image = count(image_sizes=[(im.height, im.width) for im in images]).num_image_tokens
+    else:
+        per_image = [int(t.prod()) // processor.image_processor.merge_size ** 2
+                     for t in processor(text=[chat], images=images, return_tensors="pt")["image_grid_thw"]]
+    return len(ids) - len(images) + sum(per_image), sum(per_image)  # each image slot holds one placeholder token
+
+
+def check_prompt_lengths(records: list[dict[str, Any]], processor: Any, settings: Any, *, positions: int | None,
+                         max_prompt_length: int | None, max_new_tokens: int, skip_bad_images: bool,
+                         field: str) -> list[dict[str, Any]]:
+    """The records whose chat prompt (image tokens included) fits: <= max_prompt_length tokens, and prompt +
+    max_new_tokens <= the model's positions. A record too long raises UserError naming its row, or is skipped (and
+    counted in a warning) under skip_bad_images. Only text is ever cut by the user: image tokens are never truncated."""
+    from pipelines.vlm.policy import chat_prompt
+
+    limits = [(max_prompt_length, f"pipeline.kwargs.max_prompt_length={max_prompt_length}")] if max_prompt_length else []
+    if positions:
+        why = f"the model's {positions} positions minus max_new_tokens {max_new_tokens}"
+        limits.append((positions - max_new_tokens, why))
+    if not limits:
+        return records
+    kept, skipped = [], []
+    for i, rec in enumerate(records):
+        chat, images = chat_prompt(processor, settings, rec)
+        n, n_image = prompt_tokens(processor, chat, images)
+        over = next(((lim, why) for lim, why in limits if n > lim), None)
+        if over is None:
+            kept.append(rec)
+            continue
+        where = rec.get(WHERE_KEY) or f"{field} record {i} (id {rec.get('id', i)!r})"
+        problem = (f"the prompt is {n} tokens ({n_image} of them image tokens, never truncated), over the {over[0]} "
+                   f"allowed by {over[1]}")
+        if not skip_bad_images:
+            raise UserError(f"{where}: {problem}; shorten the question or use smaller images (max_pixels), set "
+                            f"pipeline.kwargs.max_prompt_length / max_new_tokens, or set "
+                            f"pipeline.kwargs.skip_bad_images=true to skip such rows")
+        skipped.append(f"{where}: {problem}")
+    if records and not kept:
+        raise UserError(f"{field}: every record's prompt is too long (first: {skipped[0]}); shorten the questions or "
+                        f"raise the limit")
+    if skipped:
+        warnings.warn(f"{field}: skipped {len(skipped)} record(s) whose prompt is too long (first: {skipped[0]})",
+                      stacklevel=2)
+    return kept
