@@ -14,6 +14,7 @@ EXAMPLES = """examples:
   accelerate launch --multi_gpu --num_processes 2 -m mmgrpo.cli train configs/toy_count.yaml   (GPUs or CPU)
   mmgrpo --debug train configs/toy_count.yaml run.steps=5  errors with the full traceback
   mmgrpo eval configs/toy_count.yaml ckpt=latest            per-category reward table of the newest checkpoint
+  mmgrpo eval configs/vlm/shapes_vqa.yaml ckpt=none limit=64 ablate=blank,shuffle   real vs blank vs shuffled images
   mmgrpo sample configs/toy_count.yaml ckpt=latest out=samples/
   mmgrpo config configs/toy_count.yaml algo.loss=clipped    print the validated, resolved config
   mmgrpo list advantages                                   registered names with one-line descriptions
@@ -63,15 +64,28 @@ def cmd_train(args) -> int:
     return 0
 
 
+EVAL_HELP = ("score a checkpoint on held-out prompts (ckpt=latest|DIR|none, limit=, group_size=, "
+             "ablate=auto|none|blank,shuffle, samples=, ema=true)")
+
+
 def cmd_eval(args) -> int:
     from mmgrpo.config import load_config
-    from mmgrpo.evaluate import evaluate, format_table
+    from mmgrpo.evaluate import evaluate_run, format_table
+    from mmgrpo.looking import format_looking
+    from mmgrpo.report import refresh_report
 
-    overrides, sp = _split_special(args.overrides, ("ckpt", "group_size", "limit", "ema"))
+    overrides, sp = _split_special(args.overrides, ("ckpt", "group_size", "limit", "ema", "ablate", "samples"))
     cfg = load_config(args.config, overrides)
-    table = evaluate(cfg, sp.get("ckpt", "latest"), group_size=_int(sp, "group_size", 4),
-                     limit=_int(sp, "limit", 0) or None, ema=_bool(sp, "ema"))
-    print(format_table(table))
+    result, path = evaluate_run(cfg, sp.get("ckpt", "latest"), group_size=_int(sp, "group_size", 4),
+                                limit=_int(sp, "limit", 0) or None, ema=_bool(sp, "ema"),
+                                ablate=sp.get("ablate", "auto"), samples=_int(sp, "samples", 6))
+    print(format_table(result["conditions"]["real"]))
+    if len(result["conditions"]) > 1:
+        print(f"\nis it looking? the same records and seeds with real, blank and another record's pixels "
+              f"(ckpt {result['label']}, {result['group_size']} samples per record)")
+        print(format_looking(result))
+    report = refresh_report(path.parent.parent)
+    print(f"eval results: {path}" + (f"; report: {report}" if report else ""))
     return 0
 
 
@@ -141,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     for name, func, text in [("train", cmd_train, "train a policy from a YAML recipe (+ key.sub=value overrides)"),
-                             ("eval", cmd_eval, "score a checkpoint on held-out prompts (ckpt=latest|DIR|none)"),
+                             ("eval", cmd_eval, EVAL_HELP),
                              ("sample", cmd_sample, "save samples of a checkpoint (ckpt=, out=, n=, ema=true)"),
                              ("config", cmd_config, "validate a recipe and print the resolved config")]:
         examples = "".join(line + "\n" for line in EXAMPLES.splitlines() if f" {name} " in line)

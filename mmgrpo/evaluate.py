@@ -3,19 +3,24 @@
 Uses the same pipeline builder, rewards and checkpoint format as training; no gradient, no optimizer.
 """
 
-from collections import defaultdict
+import json
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
-from mmgrpo import checkpoint
+from mmgrpo import checkpoint, looking
 from mmgrpo.collect import reward_fields
 from mmgrpo.config import Config
 from mmgrpo.errors import UserError
 from mmgrpo.runtime import prompt_seed
 from mmgrpo.setup import build_rewards, build_task
 from mmgrpo.tracking import save_gallery
+
+SAMPLE_GROUP = 4
+"""samples per record kept for the report's before/after gallery (at most; fewer when group_size is smaller)"""
 
 
 def resolve_checkpoint(cfg: Config, ckpt: str | None) -> Path | None:
@@ -56,35 +61,120 @@ def _load(cfg: Config, ckpt: str | None, ema: bool = False):
     return task, device, path
 
 
-def _rollout_scored(cfg: Config, task, reward_set, records: list[dict[str, Any]], group_size: int):
-    rollout = task.policy.rollout(records, group_size,
-                                  [prompt_seed(cfg.run.seed, -1, 0, i) for i in range(len(records))])
+def _rollout_scored(cfg: Config, task, reward_set, records: list[dict[str, Any]], group_size: int, *,
+                    first_seed: int = 0, step: int = -1):
+    seeds = [prompt_seed(cfg.run.seed, step, 0, first_seed + i) for i in range(len(records))]
+    rollout = task.policy.rollout(records, group_size, seeds)
     texts, fields = reward_fields(records, group_size)
     fields.update(rollout.extras.get("reward_fields", {}))
     per_reward, total = reward_set(rollout.samples, texts, group_size=group_size, **fields)
     return rollout, per_reward, total
 
 
+def _scores(cfg: Config, task, reward_set, records: list[dict[str, Any]], group_size: int,
+            batch_prompts: int) -> np.ndarray:
+    """Every reward and the weighted total of each sample: [len(records), G, R + 1] float64 (reward_set.names order,
+    then "total"). Rollout seeds depend on the position in a batch only, so any condition gets the same ones."""
+    out = []
+    for lo in range(0, len(records), batch_prompts):
+        chunk = records[lo: lo + batch_prompts]
+        _, per_reward, total = _rollout_scored(cfg, task, reward_set, chunk, group_size)
+        s = torch.cat([per_reward.double().cpu(), total.double().cpu()[:, None]], 1)  # [b * G, R + 1]
+        out.append(s.reshape(len(chunk), group_size, -1).numpy())  # [b, G, R + 1]
+    return np.concatenate(out)
+
+
 @torch.no_grad()
 def evaluate(cfg: Config, ckpt: str | None = None, *, group_size: int = 4, limit: int | None = None,
              batch_prompts: int = 16, ema: bool = False) -> dict[str, dict[str, float]]:
     """Mean of every reward per prompt category ("all" plus each record's "category") on the eval prompts."""
-    task, device, _ = _load(cfg, ckpt, ema)
+    return evaluate_conditions(cfg, ckpt, group_size=group_size, limit=limit, batch_prompts=batch_prompts,
+                               ema=ema)["conditions"]["real"]
+
+
+@torch.no_grad()
+def evaluate_conditions(cfg: Config, ckpt: str | None = None, *, ablate: str = "none", group_size: int = 4,
+                        limit: int | None = None, batch_prompts: int = 16, ema: bool = False,
+                        samples: int = 0) -> dict[str, Any]:
+    """`evaluate` with the real inputs and with each visual ablation (`ablate`: "auto" = blank,shuffle where the
+    records hold images or videos, "none", or a list such as "blank,shuffle"; pipelines/visual_ablation.py) on the same records and rollout seeds, the paired tests of each ablation against the real inputs, and (samples > 0)
+    gallery items of `samples` records spread over the eval set, for the report's before/after samples.
+
+    Returns {"ckpt", "label", "seed", "group_size", "records", "conditions": {condition: table},
+    "tests": {condition: {category: {metric: paired test}}}, "items": [...]}; see mmgrpo/looking.py."""
+    task, device, path = _load(cfg, ckpt, ema)
     reward_set = build_rewards(cfg, task, device)
     records = (task.eval_data or task.train_data)[:limit]
-    sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-    counts: dict[str, int] = defaultdict(int)
-    for lo in range(0, len(records), batch_prompts):
-        chunk = records[lo: lo + batch_prompts]
-        _, per_reward, total = _rollout_scored(cfg, task, reward_set, chunk, group_size)
-        for n in range(total.numel()):
-            for cat in {"all", str(chunk[n // group_size].get("category", "all"))}:  # uncategorised: once
-                counts[cat] += 1
-                for r, name in enumerate(reward_set.names):
-                    sums[cat][name] += float(per_reward[n, r])
-                sums[cat]["total"] += float(total[n])
-    cats = sorted(set(counts), key=lambda c: (c != "all", c))
-    return {c: {k: v / counts[c] for k, v in sums[c].items()} | {"n": counts[c]} for c in cats}
+    pixels = hasattr(task.policy, "ablate_records") and any(r.get(k) is not None for r in records
+                                                           for k in ("image", "video"))
+    try:
+        ablations = looking.parse_ablate(ablate, pixels)
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    if ablations and not pixels:
+        raise UserError(f"ablate={ablate}: pipeline {cfg.pipeline.name!r} has no images or videos to "
+                        f"ablate; use it with vlm or video recipes, or pass ablate=none")
+    names = [*reward_set.names, "total"]
+    scores = {"real": _scores(cfg, task, reward_set, records, group_size, batch_prompts)}
+    with tempfile.TemporaryDirectory(prefix="mmgrpo-ablate-") as workdir:
+        for name in ablations:
+            try:
+                ablated = task.policy.ablate_records(records, name, seed=cfg.run.seed, workdir=workdir)
+            except ValueError as err:
+                raise UserError(f"ablate={name}: {err}") from None
+            scores[looking.CONDITIONS[name]] = _scores(cfg, task, reward_set, ablated, group_size, batch_prompts)
+    cats = [str(r.get("category", "all")) for r in records]
+    label = ("base" if path is None else path.name) + ("_ema" if ema else "")
+    return {"ckpt": str(path) if path is not None else "none", "label": label, "seed": cfg.run.seed,
+            "group_size": group_size, "records": len(records),
+            "conditions": {c: looking.category_table(s, cats, names) for c, s in scores.items()},
+            "tests": looking.paired_tests(scores, cats, names),
+            "items": _sample_items(cfg, task, reward_set, records, samples, min(group_size, SAMPLE_GROUP))
+            if samples else []}
+
+
+def _sample_items(cfg: Config, task, reward_set, records: list[dict[str, Any]], k: int,
+                  group_size: int) -> list[dict[str, Any]]:
+    """Gallery items of k records spread over the eval set, one rollout per record at fixed seeds (the same for
+    every checkpoint, so a report can show before and after on the same prompts and seeds), with an input preview."""
+    picks = records[:: max(1, len(records) // k)][:k]
+    items = []
+    for i, rec in enumerate(picks):
+        rollout, _, total = _rollout_scored(cfg, task, reward_set, [rec], group_size, first_seed=i, step=-2)
+        if hasattr(task.policy, "gallery"):
+            got = task.policy.gallery(rollout, [rec], total)[:group_size]
+        else:
+            got = [{"prompt": str(rec.get("prompt")), "text": str(s), "reward": float(r)}
+                   for s, r in zip(rollout.samples, total.tolist())]
+        if got and not ({"image", "frames"} & set(got[0])) and hasattr(task.policy, "preview"):
+            got[0].update(task.policy.preview(rec))
+        truth = rec.get("answers", rec.get("spans"))
+        for g, item in enumerate(got):
+            item.update(record=i, sample=g, category=str(rec.get("category", "all")))
+            item.pop("answer", None)
+            if truth is not None:
+                item["answer"] = str(truth)
+        items += got
+    return items
+
+
+def evaluate_run(cfg: Config, ckpt: str | None = None, *, out_dir: str | Path | None = None,
+                 **kwargs: Any) -> tuple[dict[str, Any], Path]:
+    """`evaluate_conditions`, saved for scripts and the report: <out_dir>/eval/<label>.json (tables, paired tests)
+    and <out_dir>/eval/<label>_samples/ (gallery); out_dir defaults to run.output_dir. Returns (result, json path)."""
+    result = evaluate_conditions(cfg, ckpt, **kwargs)
+    root = Path(out_dir or cfg.run.output_dir) / "eval"
+    items = result.pop("items")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if items:
+            save_gallery(root / f"{result['label']}_samples", items)
+        path = root / f"{result['label']}.json"
+        path.write_text(json.dumps(result, indent=1))
+    except OSError as err:
+        raise UserError(f"cannot write the eval results under {str(root)!r} ({err.strerror}); pass a writable "
+                        f"run.output_dir=DIR") from None
+    return result, path
 
 
 def format_table(table: dict[str, dict[str, float]]) -> str:

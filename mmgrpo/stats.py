@@ -92,7 +92,7 @@ def wilcoxon_signed_rank(diffs: Any, *, exact_max: int = EXACT_WILCOXON_MAX) -> 
     w = float(ranks[d > 0].sum())
     if d.size <= exact_max:
         pmf = _signed_rank_pmf(ranks)
-        s = int(round(2 * w))
+        s = round(2 * w)
         lower, upper = float(pmf[: s + 1].sum()), float(pmf[s:].sum())
         return w, min(1.0, 2 * min(lower, upper))
     mean, var = ranks.sum() / 2, (ranks**2).sum() / 4

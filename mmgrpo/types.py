@@ -92,6 +92,9 @@ class Policy(Protocol):
     #                                        before any rollout (flow: skip the VAE when every reward reads latents)
     #   for_evaluation()                     called by `mmgrpo eval` / `sample` before any rollout: switch off
     #                                        training-only rollout tricks (TempSamp's injected ground truth)
+    #   ablate_records(records, ablation, seed=, workdir=) -> copies with blank ("blank") or another record's
+    #                                        ("shuffle") pixels, for `mmgrpo eval ablate=` (pipelines/visual_ablation.py)
+    #   preview(record)                      -> {"image": ...} or {"frames": [...]}: the record's input, for reports
     #   k_chunk, per_element_metrics         see `logp`
     #   defer_old_logp (bool attribute)      set by the engine to True when the update is on-policy (one inner epoch,
     #                                        one mini-batch); the rollout may then skip scoring, return zeros as

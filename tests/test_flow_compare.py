@@ -1,6 +1,6 @@
-"""pipelines.flow.compare: the before/after table (changes in points) and the report section it adds."""
+"""pipelines.flow.compare: the before/after table (changes in points); the report it rewrites is tests/test_report.py's."""
 
-from pipelines.flow.compare import EVAL_OVERRIDES, add_to_report, compare_table, main
+from pipelines.flow.compare import EVAL_OVERRIDES, compare_table, main
 
 
 def test_compare_table_rows_and_changes_in_points():
@@ -13,15 +13,6 @@ def test_compare_table_rows_and_changes_in_points():
     # all: strict 0.25 -> 0.625 is +37.5 points, partial unchanged; colors: strict -25.0, partial +25.0
     assert lines[2].split() == ["all", "8", "0.250", "0.625", "+37.5", "0.500", "0.500", "+0.0"]
     assert lines[3].split() == ["colors", "4", "0.500", "0.250", "-25.0", "0.750", "1.000", "+25.0"]
-
-
-def test_add_to_report_inserts_once_and_replaces_on_rerun(tmp_path):
-    assert add_to_report(tmp_path, "<p>x</p>") is None  # no report.html: nothing written
-    (tmp_path / "report.html").write_text("<html><body><h1>run</h1></body></html>")
-    add_to_report(tmp_path, "<p>first</p>")
-    page = add_to_report(tmp_path, "<p>second</p>").read_text()
-    assert page.count("<h1>run</h1>") == 1 and "first" not in page
-    assert page.endswith("<p>second</p></body></html>")
 
 
 def test_eval_is_deterministic_ode_sampling():

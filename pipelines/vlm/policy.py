@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from mmgrpo.types import Rollout
+from pipelines import visual_ablation
 from pipelines.vlm.data import load_image, record_images
 from pipelines.vlm.methods import CareLikelihood
 from pipelines.vlm.prefix import completion_logp, vision_token_ids
@@ -98,6 +99,10 @@ def chat_prompt(processor: Any, settings: SampleSettings, record: dict[str, Any]
 
 class VLMPolicy:
     """`Policy` for an image-text-to-text model; see the module docstring."""
+
+    # `mmgrpo eval ablate=`: the records with blank or another record's pixels, and the report's input previews
+    ablate_records = staticmethod(visual_ablation.ablate_records)
+    preview = staticmethod(visual_ablation.preview)
 
     def __init__(self, module: VLMModule, processor: Any, *, device: torch.device, settings: SampleSettings,
                  reference: str = "auto", care: CareLikelihood | None = None, check_logp: bool = False,
