@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mmgrpo-installed
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench gpu-check clean
 
 $(STAMP): pyproject.toml requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(OFFLINE) $(PY) bench/run_all.py
+
+gpu-check: $(STAMP)
+	$(OFFLINE) $(VENV)/bin/mmgrpo doctor
 
 clean:
 	rm -rf $(VENV) runs

@@ -172,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("kind", nargs="?", default="all",
                     help="all, advantages, losses, aggregations, kl, samplers, pipelines, rewards")
     sp.set_defaults(func=cmd_list)
+    from mmgrpo.doctor import add_subcommand as add_doctor
+
+    add_doctor(sub)  # `mmgrpo doctor`: GPU smoke test (mmgrpo/doctor.py)
     try:
         from rewards.cli import add_subcommands
     except ImportError:
