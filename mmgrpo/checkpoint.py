@@ -76,23 +76,44 @@ def _files(d: Path) -> list[Path]:
     return sorted(p for p in d.rglob("*") if p.is_file())
 
 
-def finalize(root: Path, step: int, keep_last: int) -> Path:
-    """Rank 0, after every rank wrote its files: manifest, fsync, atomic rename, prune old checkpoints."""
+def finalize(root: Path, step: int, keep_last: int, run_id: str | None = None) -> Path:
+    """Rank 0, after every rank wrote its files: manifest, fsync, atomic rename, prune this run's old checkpoints.
+
+    Only checkpoints whose manifest names the same `run_id` are pruned or replaced, so a checkpoint of another run
+    is never deleted (run.output_dir refuses to hold two runs, and this keeps it so even when that check is
+    bypassed)."""
     d = tmp_dir(root, step)
     files = {p.relative_to(d).as_posix(): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in _files(d)}
     manifest = d / MANIFEST
-    manifest.write_text(json.dumps({"step": step, "files": files}, indent=1))
+    manifest.write_text(json.dumps({"step": step, "run": run_id, "files": files}, indent=1))
     for p in _files(d):
         with open(p, "rb") as f:
             os.fsync(f.fileno())
     final = root / f"{PREFIX}{step:08d}"
     if final.exists():
+        if check(final) is None and owner(final) != run_id:
+            shutil.rmtree(d, ignore_errors=True)
+            raise RuntimeError(f"checkpoint {final} belongs to another run ({owner(final)}); not replacing it")
         shutil.rmtree(final)
     os.replace(d, final)
     _fsync_dir(root)
-    for old in list_checkpoints(root)[:-keep_last]:
+    mine = [p for p in list_checkpoints(root) if int(p.name[len(PREFIX):]) <= step and owner(p) == run_id]
+    for old in mine[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+_UNKNOWN = object()
+
+
+def owner(path: Path) -> str | None | object:
+    """The run id a checkpoint's manifest records (None for checkpoints written before run ids existed); an object
+    equal to no id when the manifest is missing or unreadable."""
+    try:
+        meta = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return _UNKNOWN
+    return meta.get("run") if isinstance(meta, dict) else _UNKNOWN
 
 
 def _fsync_dir(path: Path) -> None:

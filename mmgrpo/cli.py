@@ -36,12 +36,17 @@ def _split_special(items: list[str], keys: tuple[str, ...]) -> tuple[list[str], 
 
 
 def _int(special: dict[str, str], key: str, default: int) -> int:
-    try:
-        return int(special.get(key, default))
-    except ValueError:
-        from mmgrpo.errors import UserError
+    """A whole-number argument; >= 1 when its default is (counts and sizes), >= 0 otherwise (0: no limit)."""
+    from mmgrpo.errors import UserError
 
+    least = 1 if default >= 1 else 0
+    try:
+        value = int(special.get(key, default))
+    except ValueError:
         raise UserError(f"{key}={special[key]!r} must be a whole number, e.g. {key}={default}") from None
+    if value < least:
+        raise UserError(f"{key}={value} must be >= {least}, e.g. {key}={default}")
+    return value
 
 
 def _bool(special: dict[str, str], key: str) -> bool:
@@ -55,10 +60,15 @@ def _bool(special: dict[str, str], key: str) -> bool:
 
 def cmd_train(args) -> int:
     from mmgrpo.config import load_config
+    from mmgrpo.rundir import resume_command
     from mmgrpo.trainer import train
 
     cfg = load_config(args.config, args.overrides)
     out = train(cfg)
+    if out["stopped"]:
+        print(f"stopped by {out['stopped']}: checkpoint {out['checkpoint']}; resume with: "
+              f"{resume_command(args.config, args.overrides, out['checkpoint'])}")
+        return 0
     reward = out["metrics"].get("reward/total_mean")
     print(f"done: {out['run_dir']}" + (f" (last reward {reward:.4f})" if reward is not None else ""))
     return 0
@@ -91,12 +101,17 @@ def cmd_eval(args) -> int:
 
 def cmd_sample(args) -> int:
     from mmgrpo.config import load_config
+    from mmgrpo.errors import UserError
     from mmgrpo.evaluate import sample
 
     overrides, sp = _split_special(args.overrides, ("ckpt", "out", "n", "group_size", "ema"))
     cfg = load_config(args.config, overrides)
-    path = sample(cfg, sp.get("ckpt", "latest"), sp.get("out", os.path.join(cfg.run.output_dir, "samples")),
-                  num_prompts=_int(sp, "n", 4), group_size=_int(sp, "group_size", 4), ema=_bool(sp, "ema"))
+    out = sp.get("out", os.path.join(cfg.run.output_dir, "samples"))
+    if not out.strip() or os.path.exists(out) and not os.path.isdir(out):
+        raise UserError(f"out={out!r} is {'empty' if not out.strip() else 'an existing file'}; samples are written "
+                        f"into a directory, e.g. out=samples/")
+    path = sample(cfg, sp.get("ckpt", "latest"), out, num_prompts=_int(sp, "n", 4),
+                  group_size=_int(sp, "group_size", 4), ema=_bool(sp, "ema"))
     print(f"samples written to {path}")
     return 0
 
@@ -145,12 +160,29 @@ def cmd_pretrain(args) -> int:
     if args.name not in PRETRAIN:
         raise UserError(f"mmgrpo pretrain: unknown model {args.name!r}; choose from: {', '.join(PRETRAIN)}")
     module, fixed = PRETRAIN[args.name]
-    importlib.import_module(module).main(fixed + list(args.args))
+    usage_error = argparse.ArgumentParser.error
+    prog = f"mmgrpo pretrain {args.name}"
+
+    def one_line(parser, message: str):  # the module's own parser: a usage mistake is one line, too
+        parser.exit(2, f"{prog}: error: {' '.join(message.split())}; see `{prog} --help`\n")
+
+    argparse.ArgumentParser.error = one_line
+    try:
+        importlib.import_module(module).main(fixed + list(args.args))
+    finally:
+        argparse.ArgumentParser.error = usage_error
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error contract: a usage mistake is one line on stderr and exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="mmgrpo", description="Group-relative policy optimisation for generators, "
+    p = _Parser(prog="mmgrpo", description="Group-relative policy optimisation for generators, "
                                 "VLMs and video LLMs.", epilog=EXAMPLES, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -184,10 +216,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _one_line(err: BaseException) -> str:
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _stopped_line(args, err) -> str:
+    from mmgrpo.rundir import resume_command
+
+    line = f"mmgrpo: {_one_line(err)}"
+    ckpt = getattr(err, "checkpoint", None)
+    if ckpt is not None and getattr(args, "command", None) == "train":
+        line += f"; resume with: {resume_command(args.config, args.overrides, ckpt)}"
+    return line
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Every sub-command's error contract: bad input is one line on stderr and exit 2 (the traceback only with
+    --debug); a run that stopped on purpose (NaNs, a failing reward) is one line naming its checkpoint and the
+    command that resumes it, exit 1; Ctrl-C outside training is exit 130."""
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # --help (0) or a usage error already printed as one line (2)
+        return done.code if isinstance(done.code, int) else 0
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
@@ -195,19 +247,27 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError, PermissionError, NotADirectoryError, IsADirectoryError) as err:
-        if args.debug:
-            traceback.print_exc()
-        print(f"mmgrpo: error: {' '.join(str(err).split())}", file=sys.stderr)
-        return 2
     except TrainingStopped as err:
         if args.debug:
             traceback.print_exc()
-        print(f"mmgrpo: {' '.join(str(err).split())}", file=sys.stderr)
+        print(_stopped_line(args, err), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("mmgrpo: interrupted", file=sys.stderr)
         return 130
+    except SystemExit as done:  # a sub-command's own argparse (pretrain) has printed its one line
+        return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
+    except (ValueError, OSError, LookupError) as err:  # UserError, decode errors, missing/unreadable files
+        if args.debug:
+            traceback.print_exc()
+        print(f"mmgrpo: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except Exception as err:  # noqa: BLE001  a bug: still one line, and the way to see more
+        if args.debug:
+            traceback.print_exc()
+        print(f"mmgrpo: error: unexpected {type(err).__name__}: {_one_line(err)} (rerun with --debug for the "
+              f"traceback and report it)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -44,11 +44,16 @@ class RunConfig:
     """keyword arguments of torch.compile when run.compile is on, e.g. {mode: max-autotune, dynamic: true} or
     {backend: aot_eager} (no C++ toolchain needed)"""
     resume: str = "auto"
-    """"auto" continues from the newest valid checkpoint in output_dir, "never" starts fresh, or a checkpoint path"""
+    """"auto" continues from the newest valid checkpoint in output_dir, "never" starts fresh, or a checkpoint path
+    (a run refuses an output_dir that already holds another run: see run.overwrite)"""
+    overwrite: bool = False
+    """true: delete the earlier run in output_dir (its config.yaml, metrics.jsonl, report.html, gallery/ and
+    checkpoints/) once this run has built its model, and start from step 0; false refuses such a directory"""
     checkpoint_every: int = 50
     """save a checkpoint every N steps (0: only at the end and on SIGTERM/SIGINT)"""
     keep_last: int = 2
-    """how many checkpoints to keep"""
+    """how many of this run's newest checkpoints to keep (older ones of the same run are pruned, never another
+    run's)"""
     log_every: int = 1
     """write metrics every N steps"""
     gallery_every: int = 0
@@ -170,7 +175,26 @@ class Config:
 
 class _Yaml12Loader(yaml.SafeLoader):
     """SafeLoader with YAML 1.2 scalars: `no`/`off`/`yes` stay strings (mixed_precision: no), 1e-4 is a float
-    and dates stay strings; PyYAML's YAML 1.1 defaults read `no` as False and `1e-4` as text."""
+    and dates stay strings; PyYAML's YAML 1.1 defaults read `no` as False and `1e-4` as text. A key repeated in
+    one mapping is refused: PyYAML would keep the last value silently (lr 3e-3, then lr 30 -> trains at 30)."""
+
+    def construct_mapping(self, node, deep=False):
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+            try:
+                first = lines.get(key)
+            except TypeError:  # unhashable: the base class reports it
+                continue
+            if first is not None:
+                raise DuplicateKey(None, None, f"duplicate key {key!r} on lines {first} and {line}; keep one of "
+                                               f"them", key_node.start_mark)
+            lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+class DuplicateKey(yaml.constructor.ConstructorError):
+    """A mapping names the same key twice."""
 
 
 _REPLACED_TAGS = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:float", "tag:yaml.org,2002:timestamp")
@@ -267,7 +291,8 @@ def _build(cls: type, data: Any, where: str) -> Any:
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
         if key not in names:
-            close = difflib.get_close_matches(str(key), names, n=1, cutoff=0.5)
+            close = [n for n in names if n.lower() == str(key).lower()] or \
+                difflib.get_close_matches(str(key).lower(), names, n=1, cutoff=0.5)
             hint = f"did you mean {(where + '.' if where else '') + close[0]!r}? " if close else ""
             raise UserError(f"unknown config key {path!r}; {hint}valid keys here: {', '.join(names)}")
         kwargs[key] = _coerce(value, hints[key], path)
@@ -306,10 +331,23 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
         key, raw = item.split("=", 1)
         try:
             value = yaml_load(raw) if raw != "" else ""
+        except DuplicateKey as err:
+            raise UserError(f"override {item!r}: {err.problem}") from None
         except yaml.YAMLError:
             value = raw
         out.append((key.strip(), value))
     return out
+
+
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """A UTF-8 text file's contents; an undecodable byte is a UserError naming the file, byte offset and line."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise UserError(f"{what} {str(path)!r} is not UTF-8 text: byte 0x{data[err.start]:02x} at offset {err.start} "
+                        f"(line {line}) cannot be decoded; re-save the file as UTF-8") from None
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()) -> Config:
@@ -317,11 +355,14 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
     tree: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise UserError(f"config file {str(path)!r} is a directory, not a YAML file; pass a recipe such as "
+                            f"configs/toy_count.yaml")
         if not p.is_file():
             raise UserError(f"config file {str(path)!r} does not exist; pass a YAML recipe such as "
                             f"configs/toy_count.yaml")
         try:
-            tree = yaml_load(p.read_text()) or {}
+            tree = yaml_load(read_text(p, "config file")) or {}
         except yaml.YAMLError as err:
             mark = getattr(err, "problem_mark", None)
             at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""

@@ -9,7 +9,13 @@ class UserError(ValueError):
 
 
 class TrainingStopped(RuntimeError):
-    """The run stopped on purpose (repeated NaNs, a failing reward) after saving a checkpoint."""
+    """The run stopped on purpose (repeated NaNs, a failing reward) after saving a checkpoint.
+
+    `checkpoint` is the directory saved on the way out; the CLI adds the exact command that resumes from it."""
+
+    def __init__(self, message: str, checkpoint=None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
 
 
 class RewardFailed(RuntimeError):

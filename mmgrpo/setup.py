@@ -4,6 +4,7 @@ The `Run` holds everything the loop touches; `setup` validates paths and restore
 """
 
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import yaml
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
-from mmgrpo import checkpoint, sampling
+from mmgrpo import checkpoint, rundir, sampling
 from mmgrpo.config import Config
 from mmgrpo.errors import UserError
 from mmgrpo.plugins import PIPELINES, load_plugins
@@ -54,6 +55,20 @@ class Run:
     bar: Any = None
     micro_batch_size: int | None = None
     """samples per forward/backward; None until algo.micro_batch_size=auto is resolved at the first update"""
+    run_id: str | None = None
+    """recorded in every checkpoint's manifest; a checkpoint is pruned only by the run (lineage) that wrote it"""
+    saved_metrics: str | None = None
+    """the resumed checkpoint's metrics.jsonl (None: a fresh run); read when the outputs are opened"""
+
+    def outputs(self) -> MetricsLog:
+        """config.yaml and metrics.jsonl, written only when there is something to record (the first log or save),
+        so a run that fails before its first step leaves a resumed run's files as they were. Rank 0 only."""
+        if self.metrics_log is None:
+            self.cfg.save(self.run_dir / "config.yaml")
+            resumed = self.saved_metrics is not None
+            self.metrics_log = MetricsLog(self.run_dir, self.accelerator, self.start_step if resumed else None,
+                                          saved=self.saved_metrics or "")
+        return self.metrics_log
 
     def say(self, msg: str) -> None:
         if self.accelerator.is_main_process:
@@ -78,7 +93,8 @@ class Run:
         self.accelerator.end_training()
 
     def finish_report(self) -> None:
-        if self.cfg.run.report and self.accelerator.is_main_process:
+        """report.html, when this run recorded anything (a stop before its first log leaves the old report)."""
+        if self.cfg.run.report and self.accelerator.is_main_process and self.metrics_log is not None:
             path = write_report(self.run_dir, yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
             self.say(f"report: {path}")
 
@@ -102,12 +118,25 @@ def build_rewards(cfg: Config, task: Task, device: torch.device):
         raise UserError(f"no rewards configured and pipeline {cfg.pipeline.name!r} has no default; add a "
                         f"`rewards:` list, e.g. [{{name: format, weight: 1.0}}]")
     reward_set = rewards.RewardSet(specs, device=device)
+    _check_reward_fields(cfg, task, reward_set)
     if hasattr(task.policy, "set_reward_inputs"):  # flow: no VAE decode when every reward reads latents
         try:
             task.policy.set_reward_inputs([r.input for r in reward_set.rewards])
         except ValueError as err:
             raise UserError(f"rewards: {err}") from None
     return reward_set
+
+
+def _check_reward_fields(cfg: Config, task: Task, reward_set) -> None:
+    """Every field a reward requires (answers, boxes, spans...) is in the training records, before any rollout."""
+    have = {k for rec in task.train_data for k in rec}
+    for i, (name, reward) in enumerate(zip(reward_set.names, reward_set.rewards)):
+        missing = [f for f in getattr(reward, "required", ()) if f not in have]
+        if missing:
+            where = f"rewards.{i}" if cfg.rewards else f"pipeline {cfg.pipeline.name!r}'s default reward"
+            raise UserError(f"{where} ({name!r}) needs the field {missing[0]!r} in every training record, but "
+                            f"pipeline {cfg.pipeline.name!r} gives records with {', '.join(sorted(have))}; use data "
+                            f"that has {missing[0]!r} or a reward that fits these records (`mmgrpo rewards list`)")
 
 
 def compile_module(cfg: Config, module: torch.nn.Module, acc: Accelerator) -> bool:
@@ -139,6 +168,7 @@ def compile_module(cfg: Config, module: torch.nn.Module, acc: Accelerator) -> bo
 
 def _prepare_dirs(cfg: Config) -> tuple[Path, Path]:
     run_dir = Path(cfg.run.output_dir)
+    rundir.claim(cfg)  # before anything is built or written: a directory holding another run is refused
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         # one probe per process: ranks share the directory, and a shared name lets one rank unlink another's
@@ -170,6 +200,8 @@ def setup(cfg: Config) -> Run:
     torch.manual_seed(cfg.run.seed)
     task = build_task(cfg, acc.device)
     reward_set = build_rewards(cfg, task, acc.device)
+    if cfg.run.overwrite:
+        _overwrite(run_dir, acc)
     ckpt = _find_checkpoint(cfg, acc, ckpt_root)
     data = checkpoint.load(ckpt, acc.process_index) if ckpt is not None else None
     if data is not None:
@@ -188,12 +220,12 @@ def setup(cfg: Config) -> Run:
     run = Run(cfg, acc, task, task.policy, model, optimizer, build_scheduler(optimizer, cfg), sampler, reward_set,
               ema, run_dir, ckpt_root, None)
     run.micro_batch_size = None if cfg.algo.micro_batch_size == "auto" else cfg.algo.micro_batch_size
+    same_dir = ckpt is not None and ckpt.resolve().parent == ckpt_root.resolve()
+    run.run_id = checkpoint.owner(ckpt) if same_dir else uuid.uuid4().hex[:12]  # continuing its lineage, or a new one
     if data is not None:
         _restore(run, ckpt, data)
     if acc.is_main_process:
-        cfg.save(run_dir / "config.yaml")
-        run.metrics_log = MetricsLog(run_dir, acc, run.start_step if data is not None else None,
-                                     saved=data["metrics_jsonl"] if data is not None else "")
+        run.saved_metrics = data["metrics_jsonl"] if data is not None else None
         if cfg.run.trackers:
             acc.init_trackers(run_dir.name, config=_flat(cfg.to_dict()))
     if cfg.run.progress and acc.is_main_process:
@@ -224,12 +256,21 @@ def _config_changes(saved: Path, cfg: Config) -> str:
     return ", ".join(diffs[:8]) + (f" and {len(diffs) - 8} more" if len(diffs) > 8 else "")
 
 
+def _overwrite(run_dir: Path, acc: Accelerator) -> None:
+    """run.overwrite=true: the earlier run goes only now, after this run's model and rewards were built."""
+    if acc.is_main_process:
+        gone = rundir.clear(run_dir)
+        if gone:
+            print(f"run.overwrite=true: deleted the earlier run's {', '.join(gone)} in {run_dir}", flush=True)
+    acc.wait_for_everyone()
+
+
 def _find_checkpoint(cfg: Config, acc: Accelerator, root: Path) -> Path | None:
     """The checkpoint to resume from: the newest valid one (resume=auto), a given one, or None."""
     if acc.is_main_process:
         checkpoint.clear_tmp(root)
     acc.wait_for_everyone()
-    if cfg.run.resume == "never":
+    if cfg.run.resume == "never" or (cfg.run.resume == "auto" and cfg.run.overwrite):
         return None
 
     def say(msg: str) -> None:
@@ -261,13 +302,14 @@ def _restore(run: Run, path: Path, data: dict[str, Any]) -> None:
     run.say(f"resumed from {path} at step {st['step']}" + (f" (config changed since: {changed})" if changed else ""))
 
 
-def save_checkpoint(run: Run, step: int) -> None:
+def save_checkpoint(run: Run, step: int) -> Path:
     """Atomic save: every rank writes its RNG file, rank 0 writes the rest, then rank 0 renames the directory.
 
     Under FSDP every rank joins in gathering the sharded weights, EMA and optimizer state; otherwise only rank 0
     copies them (a full copy per rank would cost each GPU the model's size)."""
+    final = run.ckpt_root / f"{checkpoint.PREFIX}{step:08d}"
     if step == run.last_saved:
-        return
+        return final
     acc, main = run.accelerator, run.accelerator.is_main_process
     acc.wait_for_everyone()
     checkpoint.write_rank_files(run.ckpt_root, step, acc.process_index)
@@ -282,9 +324,10 @@ def save_checkpoint(run: Run, step: int) -> None:
         export = None if is_sharded(acc) else getattr(run.policy, "export", None)
         checkpoint.write_main_files(run.ckpt_root, step, weights=weights, state=state,
                                     config_yaml=yaml.safe_dump(run.cfg.to_dict(), sort_keys=False), ema=ema,
-                                    metrics_jsonl=run.metrics_log.text(), export=export)
+                                    metrics_jsonl=run.outputs().text(), export=export)
     acc.wait_for_everyone()
     if main:
-        checkpoint.finalize(run.ckpt_root, step, run.cfg.run.keep_last)
+        checkpoint.finalize(run.ckpt_root, step, run.cfg.run.keep_last, run.run_id)
     acc.wait_for_everyone()
     run.last_saved = step
+    return final

@@ -366,9 +366,9 @@ def _rollout_phase(run: Run, step: int) -> Batch:
         return collect(run, step)
     except RewardFailed as err:
         run.sampler.load_state_dict(before)  # the checkpoint resumes at this step, so it draws these prompts again
-        save_checkpoint(run, step)
-        raise TrainingStopped(f"stopped at step {step}: {err}; checkpoint saved in {run.ckpt_root}, fix the "
-                              f"reward and resume with run.resume=auto") from err
+        path = save_checkpoint(run, step)
+        raise TrainingStopped(f"stopped at step {step}: {err}; checkpoint saved as {path}; fix the reward, then "
+                              f"resume from it", checkpoint=path) from err
 
 
 def _learn_phase(run: Run, batch: Batch, step: int) -> tuple[dict[str, float], str | None]:
@@ -391,7 +391,7 @@ def _learn_phase(run: Run, batch: Batch, step: int) -> tuple[dict[str, float], s
 def train(cfg: Config) -> dict[str, Any]:
     """Run GRPO-style training as configured; returns the last step's metrics and the run directory."""
     run = setup(cfg)
-    stop, last_metrics, finished = StopFlag().install(), {}, False
+    stop, last_metrics, finished, stopped, path = StopFlag().install(), {}, False, None, None
     try:
         for step in range(run.start_step, cfg.run.steps):
             t0 = time.perf_counter()
@@ -411,25 +411,26 @@ def train(cfg: Config) -> dict[str, Any]:
                             "perf/samples_per_sec": cfg.sample.batch_size * batch.rounds / secs,
                             "rollout/rounds": batch.rounds})
             if run.accelerator.is_main_process and (step % cfg.run.log_every == 0 or step == cfg.run.steps - 1):
-                run.metrics_log.log(step, metrics)
+                run.outputs().log(step, metrics)
             run.progress(metrics)
             _gallery(run, batch, step, last=step == cfg.run.steps - 1)
             last_metrics, done = metrics, step + 1
             if run.bad_streak >= cfg.run.max_bad_steps:
-                save_checkpoint(run, done)
+                path = save_checkpoint(run, done)
                 raise TrainingStopped(f"stopped at step {step}: {run.bad_streak} consecutive steps skipped, the last "
-                                      f"for {bad}; checkpoint saved in {run.ckpt_root}. Lower optim.lr or check the "
-                                      f"reward")
+                                      f"for {bad}; checkpoint saved as {path}; lower optim.lr or check the reward, "
+                                      f"then resume from it", checkpoint=path)
             # a signal may reach one rank first: every rank must agree before the collective save
             stopping = any_rank(run.accelerator, stop.signal_name is not None)
             if stopping or (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0):
-                save_checkpoint(run, done)
+                path = save_checkpoint(run, done)
             if stopping:
-                run.say(f"received {stop.signal_name or 'a stop signal on another rank'}: checkpoint saved at step "
-                        f"{done}; rerun to resume")
+                stopped = stop.signal_name or "a stop signal on another rank"
+                run.say(f"received {stopped}: checkpoint saved at step {done} as {path}; resume with "
+                        f"run.resume={path}")
                 break
         else:
-            save_checkpoint(run, cfg.run.steps)
+            path = save_checkpoint(run, cfg.run.steps)
         finished = True
     except TrainingStopped:
         run.finish_report()  # curves and samples up to the stop, for the post-mortem
@@ -438,4 +439,4 @@ def train(cfg: Config) -> dict[str, Any]:
         stop.restore()
         run.close(together=finished)
     run.finish_report()
-    return {"run_dir": str(run.run_dir), "metrics": last_metrics}
+    return {"run_dir": str(run.run_dir), "metrics": last_metrics, "checkpoint": path, "stopped": stopped}

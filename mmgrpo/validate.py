@@ -3,12 +3,15 @@
 Every message follows one pattern: the field, the value seen, why it is wrong, and what to set instead.
 """
 
+import dataclasses
 import importlib.util
+import inspect
+import math
 import os
 from pathlib import Path
 
 from mmgrpo import advantages, losses, sampling
-from mmgrpo.config import Config
+from mmgrpo.config import Config, _coerce, read_text
 from mmgrpo.errors import UserError
 from mmgrpo.plugins import PIPELINES, RESERVED_BUILD_KWARGS, load_plugins
 
@@ -28,18 +31,139 @@ def _importable(module: str) -> bool:
 
 def _check_name(registry, name: str, field: str) -> None:
     if name not in registry:
+        same = [n for n in registry.names() if n.lower() == str(name).lower()]
+        if same:  # difflib does not see GRPO as close to grpo
+            raise UserError(f"{field}: unknown {registry.kind} {name!r} (did you mean {same[0]!r}?); names are "
+                            f"case-sensitive")
         raise UserError(f"{field}: {registry.unknown_message(name)}")
 
 
 def _check_kwargs(registry, name: str, kwargs: dict, field: str, skip: tuple = ()) -> None:
+    """Keywords the callable accepts (case-insensitive near misses suggested), of its annotated types, finite."""
+    params = inspect.signature(registry.get(name)).parameters
+    for key in kwargs:
+        if key not in params:
+            same = [p for p in params if p.lower() == str(key).lower() and p not in skip]
+            if same:
+                raise UserError(f"{field}: {registry.kind} {name!r} takes no keyword {key!r} (did you mean "
+                                f"{same[0]!r}?); keywords are case-sensitive")
     try:
         registry.check_kwargs(name, kwargs, field=field, skip=skip)
     except ValueError as err:
         raise UserError(str(err)) from None
+    for key, value in kwargs.items():
+        where = f"{field}.{key}"
+        _need(not (isinstance(value, float) and math.isnan(value)),
+              f"{where} is nan; give a number, e.g. {where}={params[key].default if key in params else 1.0}")
+        param = params.get(key)
+        if param is None or param.annotation is inspect.Parameter.empty:
+            continue
+        try:
+            _coerce(value, param.annotation, where)
+        except UserError as err:
+            default = param.default if param.default is not inspect.Parameter.empty else None
+            raise UserError(f"{err}".split("; fix the value")[0] + f"; {registry.kind} {name!r} takes "
+                            f"{key}: {_annotation(param.annotation)}, e.g. {where}={default!r}") from None
+        if _path_like(key) and isinstance(value, str):
+            _check_path_value(where, value)
+
+
+def _annotation(tp) -> str:
+    return getattr(tp, "__name__", None) if not getattr(tp, "__args__", None) else str(tp).replace("typing.", "")
+
+
+_PATH_WORDS = ("data", "path", "file", "dir", "prompts", "model", "cache")
+
+
+def _path_like(key: str) -> bool:
+    return any(word in key.lower().split("_") for word in _PATH_WORDS)
+
+
+_TEXT_SUFFIXES = (".txt", ".jsonl", ".json", ".yaml", ".yml", ".csv", ".tsv")
+
+
+def _check_path_value(where: str, value: str) -> None:
+    """A path-like keyword: not empty; a text file (by its suffix) must be a file, UTF-8 and hold a line."""
+    _need(value.strip() != "", f"{where} is an empty string; give a path or name, or remove the key to use the "
+                               f"default")
+    p = Path(value)
+    if p.suffix.lower() not in _TEXT_SUFFIXES:
+        return
+    _need(not p.is_dir(), f"{where} ({value!r}) is a directory, but a {p.suffix} file is expected; give the file "
+                          f"inside it")
+    if p.is_file():
+        text = read_text(p, where)
+        _need(text.strip() != "", f"{where} ({value!r}) is empty; it needs at least one non-blank line (one prompt "
+                                  f"or record per line)")
+
+
+def _check_finite(obj, where: str = "") -> None:
+    """Every float field of the config is a finite number (an inf lr trains to NaN weights without a word)."""
+    for f in dataclasses.fields(obj):
+        value, path = getattr(obj, f.name), f"{where}{f.name}"
+        if dataclasses.is_dataclass(value):
+            _check_finite(value, path + ".")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                if dataclasses.is_dataclass(item):
+                    _check_finite(item, f"{path}.{i}.")
+                elif isinstance(item, float) and not math.isfinite(item):
+                    raise UserError(f"{path}.{i} ({item}) must be a finite number")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{path} ({value}) must be a finite number, e.g. {path}={f.default!r}")
+
+
+def _dry_run(cfg: Config) -> None:
+    """Call the advantage estimator and the policy loss once on a tiny made-up batch, so a bad value in their
+    kwargs (std=grp, clip_low=-0.1, dual_clip=0.5) stops here and not after the model has loaded."""
+    import torch
+
+    a, g = cfg.algo, cfg.sample.group_size
+    kw = dict(a.advantage_kwargs)
+    fn = advantages.ADVANTAGES.get(a.advantage)
+    if not _core(fn) or not _core(losses.POLICY_LOSSES.get(a.loss)):
+        return  # a pipeline's own estimator or loss may need inputs only its rollouts give (flow's NFT velocities)
+    if "progress" in inspect.signature(fn).parameters:
+        kw["progress"] = 0.0
+    kind = advantages.ADVANTAGES.meta(a.advantage).get("input", "scalar")
+    rewards = torch.linspace(0.0, 1.0, g, dtype=torch.float64).view(1, g)  # [1, G]
+    if kind == "multi":
+        n = max(1, len(cfg.rewards))
+        rewards = rewards[..., None].repeat(1, 1, n)  # [1, G, R]
+        kw.setdefault("weights", [1.0] * n)
+    elif kind == "pairwise":
+        rewards = torch.full((1, g, g), 0.5)  # [1, G, G]
+    _try(lambda: advantages.compute(a.advantage, rewards, **kw), "algo.advantage_kwargs", a.advantage_kwargs)
+    logp = torch.zeros(g, 2)  # [G, K]
+    lkw = dict(a.loss_kwargs)
+    if losses.needs_groups(a.loss):
+        lkw["group_size"] = g
+    _try(lambda: losses.compute(a.loss, logp, logp, torch.zeros(g), torch.ones(g, 2, dtype=torch.bool), **lkw),
+         "algo.loss_kwargs", a.loss_kwargs)
+
+
+def _core(fn) -> bool:
+    return getattr(fn, "__module__", "").startswith("mmgrpo.")
+
+
+def _try(call, field: str, given: dict) -> None:
+    try:
+        call()
+    except UserError:
+        raise
+    except ValueError as err:
+        raise UserError(f"{field} ({given}): {' '.join(str(err).split())}") from None
+    except Exception:  # noqa: BLE001  the made-up batch may not fit every estimator's input; training will tell
+        return
 
 
 def _validate_run(cfg: Config) -> None:
     run = cfg.run
+    _need(run.output_dir.strip() != "", "run.output_dir is empty (it would train into the current directory); "
+                                        "set it, e.g. run.output_dir=runs/my_run")
+    _need(0 <= run.seed < 2**32, f"run.seed ({run.seed}) must be in [0, 2**32 - 1] (numpy and torch seeds), "
+                                 f"e.g. run.seed=0")
+    _need(run.resume.strip() != "", "run.resume is empty; use auto, never or a checkpoint directory")
     _need(run.steps >= 1, f"run.steps ({run.steps}) must be >= 1: it is the number of training iterations")
     _need(run.device in ("auto", "cpu", "cuda"), f"run.device ({run.device!r}) must be auto, cpu or cuda")
     _need(run.mixed_precision in ("no", "bf16", "fp16"),
@@ -64,6 +188,9 @@ def _validate_run(cfg: Config) -> None:
     if run.resume not in ("auto", "never"):
         _need(Path(run.resume).is_dir(), f"run.resume ({run.resume!r}) is neither auto, never nor an existing "
                                          f"checkpoint directory; pass one of those")
+        inside = Path(run.output_dir).resolve() in Path(run.resume).resolve().parents
+        _need(not (run.overwrite and inside), f"run.overwrite=true would delete run.resume ({run.resume!r}), which "
+                                              f"is inside run.output_dir; resume with run.overwrite=false")
     _check_output_dir(run.output_dir)
 
 
@@ -109,6 +236,7 @@ def _validate_algo(cfg: Config) -> None:
     _check_name(losses.POLICY_LOSSES, a.loss, "algo.loss")
     _check_kwargs(losses.POLICY_LOSSES, a.loss, a.loss_kwargs, "algo.loss_kwargs",
                   skip=("logp", "old_logp", "adv", "mask", "group_size"))
+    _dry_run(cfg)
     _validate_micro_batch(a)
     if losses.needs_groups(a.loss) and a.micro_batch_size != "auto":
         _need(a.micro_batch_size % s.group_size == 0,
@@ -158,7 +286,8 @@ def _validate_components(cfg: Config) -> None:
         except UserError:
             raise
         except ValueError as err:
-            raise UserError(f"pipeline.kwargs: {err}") from None
+            msg = " ".join(str(err).split())
+            raise UserError(msg if msg.startswith("pipeline.kwargs") else f"pipeline.kwargs: {msg}") from None
     import rewards
 
     for i, spec in enumerate(cfg.rewards):
@@ -171,6 +300,7 @@ def _validate_components(cfg: Config) -> None:
 def validate(cfg: Config) -> None:
     """Raise UserError on the first invalid field; cheap (no model is loaded)."""
     load_plugins()  # first: pipelines register advantages and losses (video's "tempsamp") that algo.* may name
+    _check_finite(cfg)
     _validate_run(cfg)
     _validate_sample(cfg)
     _validate_algo(cfg)

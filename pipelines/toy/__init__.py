@@ -8,6 +8,16 @@ from pipelines.toy.policy import CountLM, ToyPolicy, build_toy_count, count_rewa
 __all__ = ["CountLM", "ToyPolicy", "build_toy_count", "count_reward"]
 
 
+def _check(max_target: int = 6, max_len: int = 8, hidden: int = 32) -> None:
+    """The toy pipeline's ranges, checked by validation before the model is built."""
+    for key, value, least in (("hidden", hidden, 1), ("max_len", max_len, 2), ("max_target", max_target, 1)):
+        if value < least:
+            raise ValueError(f"pipeline.kwargs.{key} ({value}) must be >= {least}, e.g. pipeline.kwargs.{key}=8")
+    if max_target >= max_len:
+        raise ValueError(f"pipeline.kwargs.max_target ({max_target}) must be < max_len ({max_len}): a completion "
+                         f"needs room for max_target letters and the end token")
+
+
 def _register() -> None:
     from functools import partial
 
@@ -20,7 +30,7 @@ def _register() -> None:
                               preprocess="counts the letter 'a' in the completion", fields=("target",),
                               required=("target",))
 
-    PIPELINES.register("toy_count", build_toy_count)
+    PIPELINES.register("toy_count", build_toy_count, check=_check)
     REWARDS.register("toy_count", toy_count)
 
 
