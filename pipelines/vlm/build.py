@@ -174,7 +174,8 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
     from pipelines.vlm.rollout import make_backend
 
     _check(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, logp_chunk_tokens=logp_chunk_tokens,
-           model_dtype=model_dtype, max_prompt_length=max_prompt_length)
+           model_dtype=model_dtype, max_prompt_length=max_prompt_length, system_prompt=system_prompt,
+           instruction=instruction)
     _check_rollout(rollout_backend, check_logp=check_logp, gpu_memory_utilization=vllm_gpu_memory_utilization,
                    max_model_len=vllm_max_model_len, max_new_tokens=max_new_tokens,
                    prompts_per_call=rollout_prompts_per_call)
@@ -231,6 +232,12 @@ def model_positions(hf, max_model_len: int | None = None) -> int | None:
 def _check(**kw: Any) -> None:
     if kw["max_new_tokens"] < 1:
         raise UserError(f"pipeline.kwargs.max_new_tokens ({kw['max_new_tokens']}) must be >= 1")
+    from pipelines.vlm.data import text_problem
+
+    for key in ("system_prompt", "instruction"):
+        problem = kw.get(key) and text_problem(str(kw[key]), what=key)
+        if problem:
+            raise UserError(f"pipeline.kwargs.{key}: {problem}")
     limit = kw.get("max_prompt_length")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise UserError(f"pipeline.kwargs.max_prompt_length ({limit!r}) must be a whole number of tokens >= 1 (image "

@@ -106,7 +106,7 @@ def max_images(records: list[dict[str, Any]]) -> int:
 
 def _aspect_problem(width: int, height: int, what: str) -> str | None:
     if min(width, height) < 1:
-        return f"{what} is empty ({width}x{height} pixels)"
+        return f"{what} is empty ({width}x{height} pixels); replace it"
     if max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
         return (f"{what} is {width}x{height} pixels: aspect ratio {max(width, height) / min(width, height):.0f} exceeds "
                 f"the {MAX_ASPECT_RATIO} the Qwen-VL processor accepts; crop or pad it")
@@ -122,7 +122,7 @@ def _image_problem(image: Any) -> str | None:
             im = load_image(image)
             im.load()
         except (OSError, UnidentifiedImageError, ValueError) as err:
-            return f"image bytes cannot be read ({type(err).__name__}: {err})"
+            return f"image bytes cannot be read ({type(err).__name__}: {err}); re-encode the image"
         return _aspect_problem(*im.size, "image bytes")
     if isinstance(image, Image.Image):
         return _aspect_problem(*image.size, "image")
@@ -139,7 +139,7 @@ def _image_problem(image: Any) -> str | None:
             rgb = to_rgb(im)
             rgb.load()
     except (OSError, UnidentifiedImageError, ValueError) as err:
-        return f"image {str(path)!r} cannot be read ({type(err).__name__}: {err})"
+        return f"image {str(path)!r} cannot be read ({type(err).__name__}: {err}); re-save it as PNG or JPEG"
     return _aspect_problem(*rgb.size, f"image {str(path)!r}")
 
 
@@ -200,9 +200,9 @@ def _checked(rows: Iterator[tuple[str, str, Any]], root: Path, *, source: str, s
         rec = _parse_row(row, where, root)
         problems = [q for q in [text_problem(rec["prompt"]), *map(_image_problem, record_images(rec))] if q]
         if problems and not skip_bad_images:
-            hint = fix if ("does not exist" in problems[0] or "is a directory" in problems[0]) else "fix that row"
-            raise UserError(f"{where}: {problems[0]}; {hint} or set pipeline.kwargs.skip_bad_images=true to skip such "
-                            f"rows")
+            path_problem = "does not exist" in problems[0] or "is a directory" in problems[0]
+            hint = f"; {fix} or" if path_problem else ", or"  # the other problems end with their own fix
+            raise UserError(f"{where}: {problems[0]}{hint} set pipeline.kwargs.skip_bad_images=true to skip such rows")
         if problems:
             skipped.append(f"{label}: {problems[0]}")
             continue
