@@ -230,6 +230,26 @@ def _stopped_line(args, err) -> str:
     return line
 
 
+def _resume_hint(args) -> str:
+    """For `train` that crashed or was interrupted: the newest valid checkpoint of its run and the command that
+    resumes it (empty when there is none, or the config cannot be read)."""
+    if getattr(args, "command", None) != "train":
+        return ""
+    try:
+        from pathlib import Path
+
+        from mmgrpo import checkpoint
+        from mmgrpo.config import load_config
+        from mmgrpo.rundir import resume_command
+
+        cfg = load_config(args.config, args.overrides)
+        ckpt = checkpoint.latest_valid(Path(cfg.run.output_dir) / "checkpoints", log=lambda msg: None)
+    except Exception:  # noqa: BLE001  only a hint: never hide the error being reported
+        return ""
+    return f"; newest checkpoint {ckpt}; resume with: {resume_command(args.config, args.overrides, ckpt)}" \
+        if ckpt is not None else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     """Every sub-command's error contract: bad input is one line on stderr and exit 2 (the traceback only with
     --debug); a run that stopped on purpose (NaNs, a failing reward) is one line naming its checkpoint and the
@@ -253,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         print(_stopped_line(args, err), file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print("mmgrpo: interrupted", file=sys.stderr)
+        print(f"mmgrpo: interrupted{_resume_hint(args)}", file=sys.stderr)
         return 130
     except SystemExit as done:  # a sub-command's own argparse (pretrain) has printed its one line
         return done.code if isinstance(done.code, int) else (0 if done.code is None else 2)
@@ -266,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         print(f"mmgrpo: error: unexpected {type(err).__name__}: {_one_line(err)} (rerun with --debug for the "
-              f"traceback and report it)", file=sys.stderr)
+              f"traceback and report it){_resume_hint(args)}", file=sys.stderr)
         return 2
 
 

@@ -79,6 +79,10 @@ def _path_like(key: str) -> bool:
     return any(word in key.lower().split("_") for word in _PATH_WORDS)
 
 
+def _key_is_dir(where: str) -> bool:
+    return where.rsplit(".", 1)[-1].lower().endswith(("_dir", "_root")) or where.endswith(".dir")
+
+
 _TEXT_SUFFIXES = (".txt", ".jsonl", ".json", ".yaml", ".yml", ".csv", ".tsv")
 
 
@@ -87,6 +91,9 @@ def _check_path_value(where: str, value: str) -> None:
     _need(value.strip() != "", f"{where} is an empty string; give a path or name, or remove the key to use the "
                                f"default")
     p = Path(value)
+    if _key_is_dir(where):
+        _need(not p.is_file(), f"{where} ({value!r}) is a file, but a directory is expected; give a directory")
+        return
     if p.suffix.lower() not in _TEXT_SUFFIXES:
         return
     _need(not p.is_dir(), f"{where} ({value!r}) is a directory, but a {p.suffix} file is expected; give the file "

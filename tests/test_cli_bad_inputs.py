@@ -136,6 +136,8 @@ CASES = [
      ["pipeline.kwargs.data", "prompts_empty.txt", "is empty"]),
     ("prompt_file_is_a_directory", [*C, *FLOW, "pipeline.kwargs={data: {tmp}/prompts_dir.txt}"], 2,
      ["pipeline.kwargs.data", "prompts_dir.txt", "is a directory"]),
+    ("cache_dir_is_a_file", [*C, "pipeline.name=vlm", "pipeline.kwargs={cache_dir: {run}/config.yaml}"], 2,
+     ["pipeline.kwargs.cache_dir", "config.yaml", "is a file, but a directory is expected"]),
     ("prompt_path_empty", [*C, *FLOW, "pipeline.kwargs={data: ''}"], 2, ["pipeline.kwargs.data", "empty string"]),
     # near misses, names and types
     ("key_case", [*T, "optim.LR=1e-3"], 2, ["'optim.LR'", "did you mean 'optim.lr'?"]),
@@ -300,3 +302,26 @@ def test_restart_before_the_first_checkpoint_is_allowed(tmp_path):
     assert main(args + ["algo.kl_coef=0.1"]) == 2
     assert main(args) == 0
     assert os.path.isdir(out / "checkpoints" / "step_00000002")
+
+
+OOM = "mmgrpo: error: unexpected RuntimeError: CUDA out of memory"
+
+
+@pytest.mark.parametrize("crash,code,head", [(KeyboardInterrupt(), 130, "mmgrpo: interrupted"),
+                                             (RuntimeError("CUDA out of memory"), 2, OOM)])
+def test_a_crash_names_the_newest_checkpoint(sentinel, tmp_path, capsys, monkeypatch, crash, code, head):
+    """Ctrl-C twice, or a bug: one line, and for train the newest valid checkpoint and the command that resumes it."""
+    run = tmp_path / "run"
+    shutil.copytree(sentinel, run)
+    before = snapshot(run)
+
+    def boom(cfg):
+        raise crash
+
+    monkeypatch.setattr("mmgrpo.trainer.train", boom)
+    assert main(["train", TOY, f"run.output_dir={run}", "run.resume=auto"]) == code
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(head), err
+    ckpt = run / "checkpoints" / "step_00000002"
+    assert f"newest checkpoint {ckpt}; resume with: mmgrpo train {TOY} run.output_dir={run} run.resume={ckpt}" in err
+    assert snapshot(run) == before
