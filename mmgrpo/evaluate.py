@@ -20,7 +20,7 @@ from mmgrpo.setup import build_rewards, build_task
 from mmgrpo.tracking import save_gallery
 
 SAMPLE_GROUP = 4
-"""samples per record kept for the report's before/after gallery (at most; fewer when group_size is smaller)"""
+"""samples per record in the report's before/after gallery (`samples=` records, whatever the eval's group_size)"""
 
 
 def resolve_checkpoint(cfg: Config, ckpt: str | None) -> Path | None:
@@ -129,7 +129,7 @@ def evaluate_conditions(cfg: Config, ckpt: str | None = None, *, ablate: str = "
             "group_size": group_size, "records": len(records),
             "conditions": {c: looking.category_table(s, cats, names) for c, s in scores.items()},
             "tests": looking.paired_tests(scores, cats, names),
-            "items": _sample_items(cfg, task, reward_set, records, samples, min(group_size, SAMPLE_GROUP))
+            "items": _sample_items(cfg, task, reward_set, records, samples, SAMPLE_GROUP)
             if samples else []}
 
 

@@ -33,7 +33,7 @@ td.l,th.l{text-align:left} .up{color:#0a7a2f;font-weight:600} .down{color:#b3261
 .note{color:#555;font-size:13px} .spread{color:#666;font-size:11px} .cells{display:flex;flex-wrap:wrap;gap:4px}
 figure{margin:0;text-align:center;font-size:11px} pre{white-space:pre-wrap;margin:0;font-size:12px}
 td.s{vertical-align:top;text-align:left;max-width:420px}
-.answers{display:flex;flex-direction:column;gap:3px} .ans code{font-size:12px;background:#f6f6f6;padding:1px 3px} img.px{image-rendering:pixelated} details{margin-top:1em}"""
+.answers{display:flex;flex-direction:column;gap:3px} .ans code{font-size:12px;background:#f6f6f6;padding:1px 3px} img.px{image-rendering:pixelated} tr.all td{background:#fafafa;font-weight:600} details{margin-top:1em}"""
 
 
 def load_evals(run_dir: Path) -> dict[str, dict[str, Any]]:
@@ -92,7 +92,7 @@ def result_table(pairs: list[tuple[dict, dict]]) -> str:
             b = [p[0]["conditions"]["real"][cat][m] for p in pairs]
             a = [p[1]["conditions"]["real"][cat][m] for p in pairs]
             cells += f"<td>{_cell(b)}</td><td>{_cell(a)}</td>" + _change([y - x for x, y in zip(b, a)])
-        rows.append(f"<tr>{cells}</tr>")
+        rows.append(f"<tr class='{'all' if cat == 'all' else ''}'>{cells}</tr>")
     return f"<table class='result'>{head}{''.join(rows)}</table>"
 
 
@@ -108,7 +108,7 @@ def looking_table(result: dict[str, Any]) -> str:
         for c in conds[1:]:
             p = r[f"{c}_p"]
             cells += f"<td>{r[f'{c}_diff']:+.3f}</td><td title='{r[f'{c}_test']}'>{p:.2g}</td>"
-        rows.append(f"<tr>{cells}</tr>")
+        rows.append(f"<tr class='{'all' if r['category'] == 'all' else ''}'>{cells}</tr>")
     return f"<table class='looking'>{head}{''.join(rows)}</table>"
 
 
@@ -117,6 +117,7 @@ def _curve_png(rows: list[dict], keys: list[str], title: str) -> str | None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     keys = [k for k in keys if any(r.get(k) is not None for r in rows)]
     if not keys:
@@ -125,6 +126,7 @@ def _curve_png(rows: list[dict], keys: list[str], title: str) -> str | None:
     for k in keys:
         pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], label=k, marker="." if len(pts) < 30 else None)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_xlabel("step")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)

@@ -49,7 +49,8 @@ def blank_image(image: Any) -> np.ndarray:
 
 
 def _blank_video(path: str, workdir: Path, made: dict[tuple, str]) -> str:
-    """A clip of the same frame count, fps and size as `path`, every frame its first frame's background colour."""
+    """A clip of the same frame count, fps and size as `path` (odd sides + 1), every frame its first frame's
+    background colour."""
     from pipelines.shapes.video import write_mp4
     from pipelines.video.io import read_frames, video_info
 
@@ -59,7 +60,9 @@ def _blank_video(path: str, workdir: Path, made: dict[tuple, str]) -> str:
     key = (info.num_frames, round(info.fps, 6), info.height, info.width, colour)
     if key not in made:
         out = workdir / f"blank_{len(made):04d}.mp4"
-        clip = np.empty((info.num_frames, info.height, info.width, 3), dtype=np.uint8)  # [T, H, W, 3]
+        # yuv420p needs even sides: an odd one grows by a pixel (the processor resizes to its patch grid anyway)
+        clip = np.empty((info.num_frames, info.height + info.height % 2, info.width + info.width % 2, 3),
+                        dtype=np.uint8)  # [T, H, W, 3]
         clip[:] = colour
         write_mp4(out, clip, Fraction(info.fps).limit_denominator(1001))
         made[key] = str(out)
@@ -114,4 +117,6 @@ def preview(record: dict[str, Any], frames: int = 6) -> dict[str, Any]:
     info = video_info(record["video"])
     idx = np.linspace(0, info.num_frames - 1, min(frames, info.num_frames)).round().astype(int)  # [F]
     pixels, _ = read_frames(info.path, idx, info=info)  # [F, H, W, 3]
+    # a 2-pixel grey gap after each frame, so the strip a gallery concatenates reads as separate frames
+    pixels = np.pad(pixels, ((0, 0), (0, 0), (0, 2), (0, 0)), constant_values=96)  # [F, H, W + 2, 3]
     return {"frames": list(pixels)}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from mmgrpo.looking import category_table, format_looking, paired_tests, parse_ablate
-from pipelines.visual_ablation import ablate_records, background, derangement
+from pipelines.visual_ablation import ablate_records, background, derangement, preview
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -67,6 +67,8 @@ def test_blank_video_keeps_frames_fps_and_size(tmp_path):
     assert (b.num_frames, b.fps, b.height, b.width) == (a.num_frames, a.fps, a.height, a.width)
     frames, _ = read_frames(b.path, list(range(b.num_frames)))
     assert np.abs(frames.astype(int) - 242).max() <= 3  # codec rounding only; the square is gone
+    strip = preview({"prompt": "q", "video": str(src)}, frames=3)["frames"]  # report preview: 3 of 6 frames
+    assert len(strip) == 3 and strip[0].shape == (16, 18, 3) and (strip[0][:, -2:] == 96).all()  # + 2 px gap
 
 
 def test_parse_ablate():
