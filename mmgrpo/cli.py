@@ -88,7 +88,8 @@ def cmd_eval(args) -> int:
     cfg = load_config(args.config, overrides)
     result, path = evaluate_run(cfg, sp.get("ckpt", "latest"), group_size=_int(sp, "group_size", 4),
                                 limit=_int(sp, "limit", 0) or None, ema=_bool(sp, "ema"),
-                                ablate=sp.get("ablate", "auto"), samples=_int(sp, "samples", 6))
+                                ablate=sp.get("ablate", "auto"),
+                                samples=0 if sp.get("samples", "").strip() == "0" else _int(sp, "samples", 6))
     print(format_table(result["conditions"]["real"]))
     if len(result["conditions"]) > 1:
         print(f"\nis it looking? the same records and seeds with real, blank and another record's pixels "
