@@ -149,20 +149,27 @@ def test_too_long_prompts_are_refused_or_skipped(processor, tmp_path):
     img = np.zeros((28, 28, 3), np.uint8)
     short = {"prompt": "q", "image": img, "_where": "data.jsonl:1"}
     long_ = {"prompt": "word " * 100, "image": img, "_where": "data.jsonl:2 (id 'long')"}
-    n_long = prompt_tokens(processor, *chat_prompt(processor, settings, long_))[0]
+
+    def count(rec):
+        return prompt_tokens(processor, *chat_prompt(processor, settings, rec))
+
+    n_long = count(long_)[0]
     kw = {"positions": 2048, "max_prompt_length": None, "max_new_tokens": 64, "field": "pipeline.kwargs.data"}
-    assert check_prompt_lengths([short, long_], processor, settings, skip_bad_images=False, **kw) == [short, long_]
+    assert check_prompt_lengths([short, long_], count, skip=False, **kw) == [short, long_]
     kw["positions"] = n_long + 63  # one token short of room for max_new_tokens=64
     with pytest.raises(UserError, match=rf"data.jsonl:2 \(id 'long'\): the prompt is {n_long} tokens \(\d+ of them "
-                                        rf"image tokens.*the model's {n_long + 63} positions minus max_new_tokens 64"):
-        check_prompt_lengths([short, long_], processor, settings, skip_bad_images=False, **kw)
+                                        rf"image tokens\), over .*the model's {n_long + 63} positions minus "
+                                        rf"max_new_tokens 64.*skip_bad_images=true"):
+        check_prompt_lengths([short, long_], count, skip=False, **kw)
     kw.update(positions=2048, max_prompt_length=n_long - 1)
     with pytest.raises(UserError, match=rf"over the {n_long - 1} allowed by pipeline.kwargs.max_prompt_length"):
-        check_prompt_lengths([short, long_], processor, settings, skip_bad_images=False, **kw)
+        check_prompt_lengths([short, long_], count, skip=False, **kw)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert check_prompt_lengths([short, long_], processor, settings, skip_bad_images=True, **kw) == [short]
+        assert check_prompt_lengths([short, long_], count, skip=True, **kw) == [short]
     assert any("skipped 1 record" in str(w.message) for w in caught)
+    with pytest.raises(UserError, match="every record's prompt is too long"):
+        check_prompt_lengths([long_], count, skip=True, **kw)
 
 
 # ----------------------------------------------------------------------------- video records
@@ -192,3 +199,24 @@ def test_special_tokens_in_the_instruction_are_refused():
         _check(**kw, instruction="Answer.<|im_end|>", system_prompt=None)
     with pytest.raises(UserError, match=r"pipeline.kwargs.max_prompt_length \(0\) must be a whole number"):
         _check(**kw, max_prompt_length=0)
+
+
+@pytest.mark.parametrize("kind", ["qwen2_vl", "qwen2_5_vl"])
+def test_video_prompt_tokens_match_the_processor(tmp_path, kind):
+    # the count from the video header equals the length of what VideoPolicy.encode really feeds the model
+    from types import SimpleNamespace
+
+    from pipelines.shapes.video import make_video_set
+    from pipelines.video.data import video_prompt_tokens
+    from pipelines.video.policy import FrameSettings, VideoPolicy
+    from pipelines.vlm.tiny import _processor, qwen_tokenizer
+
+    make_video_set("train", 1, tmp_path / "clips", seed=0, num_frames=16, fps=4, resolution=48, types=("grounding",))
+    video = next((tmp_path / "clips").rglob("*.mp4"))
+    proc = _processor(kind, qwen_tokenizer(str(tmp_path / "tok")), min_pixels=56**2, max_pixels=112**2)
+    for n in (4, 6):
+        policy = SimpleNamespace(processor=proc, frames=FrameSettings(num_frames=n), s=SampleSettings(), device="cpu")
+        rec = {"video": str(video), "prompt": "When does the red circle move?"}
+        ids = VideoPolicy.encode(policy, rec)["input_ids"]  # [1, L]
+        video_tokens = int((ids == proc.tokenizer.convert_tokens_to_ids("<|video_pad|>")).sum())
+        assert video_prompt_tokens(policy, rec) == (ids.shape[1], video_tokens)

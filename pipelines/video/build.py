@@ -70,7 +70,8 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
                 lora_targets: str | list[str] | None = None, freeze_vision: bool = False,
                 gradient_checkpointing: bool = False, model_dtype: str | None = None, attn_implementation: str = "sdpa",
                 min_pixels: int | None = None, max_pixels: int | None = None,
-                max_new_tokens: int = 64, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+                max_new_tokens: int = 64, max_prompt_length: int | None = None, temperature: float = 1.0,
+                top_p: float = 1.0, top_k: int = 0,
                 stop: list[str] | str | None = "</answer>", system_prompt: str | None = None,
                 instruction: str | None = FORMAT_INSTRUCTION, prefix_sharing: str | bool = "auto",
                 prefix_attention: str = "auto", vision_cache: str = "auto", vision_cache_items: int = 64,
@@ -78,15 +79,18 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
                 care_ema_decay: float = 0.995, care_ema_every: int = 10, check_logp: bool = False,
                 cache_dir: str | None = None) -> Task:
     """GRPO on a video-text-to-text model (Qwen2-VL, Qwen2.5-VL) over grounding / video-QA records."""
-    from pipelines.video.data import SHAPES_VIDEO, load_records
+    from functools import partial
+
+    from pipelines.video.data import SHAPES_VIDEO, load_records, video_prompt_tokens
     from pipelines.video.policy import FrameSettings, MethodSettings, VideoPolicy
     from pipelines.vlm.build import (DTYPES, _check, _shared_mode, apply_training_mode, check_attn_implementation,
                                      load_model)
+    from pipelines.vlm.data import check_prompt_lengths, model_positions
     from pipelines.vlm.methods import CareLikelihood
     from pipelines.vlm.policy import SampleSettings, VLMModule
 
     _check(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, logp_chunk_tokens=logp_chunk_tokens,
-           model_dtype=model_dtype)
+           model_dtype=model_dtype, max_prompt_length=max_prompt_length)
     _check_video(temporal=temporal, temporal_samples=temporal_samples, frame_mode=frame_mode,
                  frame_strategy=frame_strategy, video_backend=video_backend, num_frames=num_frames,
                  min_frames=min_frames, max_frames=max_frames, augment_noise=augment_noise,
@@ -129,6 +133,11 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
                              reference=reference, care=care, check_logp=check_logp)
     except ValueError as err:
         raise UserError(f"pipeline.kwargs: {err}") from None
+    # a prompt (video tokens included) that leaves no room is refused naming its row, or skipped (pipelines/vlm/data)
+    fit = {"positions": model_positions(hf), "max_prompt_length": max_prompt_length, "max_new_tokens": max_new_tokens,
+           "skip": skip_bad_videos, "skip_key": "skip_bad_videos", "media": "video"}
+    train = check_prompt_lengths(train, partial(video_prompt_tokens, policy), field="pipeline.kwargs.data", **fit)
+    evals = check_prompt_lengths(evals, partial(video_prompt_tokens, policy), field="pipeline.kwargs.eval_data", **fit)
     if inject_ground_truth:
         _check_injected_length(policy, train, max_new_tokens)
     rewards = [{"name": "format", "weight": 0.1, "kwargs": {"mode": "lenient"}},

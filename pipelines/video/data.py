@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from mmgrpo.errors import UserError
-from pipelines.video.io import check_videos, video_info
-from pipelines.vlm.data import text_problem
+from pipelines.video.io import check_videos, sample_indices, video_info
+from pipelines.vlm.data import WHERE_KEY, text_problem
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,7 @@ def jsonl_records(path: str | os.PathLike, *, limit: int | None = None, skip_bad
             if problem:
                 log.warning("skipped %s: %s", where, problem)
                 continue
+            rec[WHERE_KEY] = where  # for problems found once the processor is known (prompt length)
             recs.append(rec)
             wheres.append(where)
             if limit is not None and len(recs) >= limit:
@@ -174,3 +175,29 @@ def load_records(data: str, *, split: str, size: int | None, seed: int, shapes_t
                                     num_frames=shapes_frames, resolution=shapes_resolution, cache_dir=cache_dir,
                                     time_prompt=time_prompt)
     return jsonl_records(data, limit=size, skip_bad_videos=skip_bad_videos, time_prompt=time_prompt, field=field)
+
+
+COUNTED_PROCESSORS = ("Qwen2VLProcessor", "Qwen2_5_VLProcessor")
+"""processors whose video token count follows from the frame count and size alone (checked against their output)"""
+
+
+def video_prompt_tokens(policy: Any, record: dict[str, Any]) -> tuple[int, int]:
+    """(prompt tokens, of which video tokens) of a record as `policy.encode` builds it. Qwen2-VL / Qwen2.5-VL count
+    from the video header (sampled frame count, frame size) without decoding; other processors (Qwen3-VL adds
+    per-frame timestamps to the text) go through policy.encode, which decodes the frames."""
+    proc, f, s = policy.processor, policy.frames, policy.s
+    if type(proc).__name__ not in COUNTED_PROCESSORS:
+        ids = policy.encode(record)["input_ids"]  # [1, L]
+        return ids.shape[1], int((ids == proc.tokenizer.convert_tokens_to_ids(proc.video_token)).sum())
+    info = video_info(record["video"], backend=f.backend)
+    t = len(sample_indices(info.num_frames, info.fps, mode=f.mode, num_frames=f.num_frames, fps=f.fps,
+                           token_budget=f.token_budget, pixels_per_frame=f.pixels_per_frame, min_frames=f.min_frames,
+                           max_frames=f.max_frames, strategy=f.strategy))
+    # the chat text exactly as VideoPolicy.encode writes it (copied: pipelines may copy, see style.md 3.7)
+    text = record["prompt"] if not s.instruction else f"{record['prompt']}\n{s.instruction}"
+    messages = [{"role": "system", "content": s.system_prompt}] if s.system_prompt else []
+    messages.append({"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]})
+    chat = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    n_text = len(proc.tokenizer(chat, add_special_tokens=False)["input_ids"])
+    n_video = proc._get_num_multimodal_tokens(video_sizes=[(t, info.height, info.width)]).num_video_tokens[0]
+    return n_text - 1 + n_video, n_video  # the one <|video_pad|> placeholder expands to n_video tokens

@@ -168,9 +168,16 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
     max_prompt_length: refuse (or, with skip_bad_images, skip) records whose chat prompt, image tokens included, is
     longer; every prompt must also leave max_new_tokens within the model's positions. Text is never silently cut.
     """
-    from pipelines.vlm.data import SHAPES_VQA, check_prompt_lengths, load_records, max_images
+    from pipelines.vlm.data import (
+        SHAPES_VQA,
+        check_prompt_lengths,
+        load_records,
+        max_images,
+        model_positions,
+        prompt_tokens,
+    )
     from pipelines.vlm.methods import CareLikelihood
-    from pipelines.vlm.policy import SampleSettings, VLMModule, VLMPolicy
+    from pipelines.vlm.policy import SampleSettings, VLMModule, VLMPolicy, chat_prompt
     from pipelines.vlm.rollout import make_backend
 
     _check(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, logp_chunk_tokens=logp_chunk_tokens,
@@ -202,9 +209,13 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
     settings = SampleSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                               stop=stops, system_prompt=system_prompt, instruction=instruction)
     fit = {"positions": model_positions(hf, vllm_max_model_len), "max_prompt_length": max_prompt_length,
-           "max_new_tokens": max_new_tokens, "skip_bad_images": skip_bad_images}
-    train = check_prompt_lengths(train, processor, settings, field="pipeline.kwargs.data", **fit)
-    evals = check_prompt_lengths(evals, processor, settings, field="pipeline.kwargs.eval_data", **fit)
+           "max_new_tokens": max_new_tokens, "skip": skip_bad_images}
+
+    def count(rec: dict[str, Any]) -> tuple[int, int]:
+        return prompt_tokens(processor, *chat_prompt(processor, settings, rec))
+
+    train = check_prompt_lengths(train, count, field="pipeline.kwargs.data", **fit)
+    evals = check_prompt_lengths(evals, count, field="pipeline.kwargs.eval_data", **fit)
     module = VLMModule(hf, pad_id=processor.tokenizer.pad_token_id, temperature=temperature,
                        shared=_shared_mode(prefix_sharing, hf, prefix_attention), chunk_tokens=logp_chunk_tokens,
                        prefix_attention=prefix_attention, vision_cache=vision_cache,
@@ -217,16 +228,6 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
         raise UserError(f"pipeline.kwargs: {err}") from None
     rewards = [{"name": "format", "weight": 0.5, "kwargs": {}}, {"name": "accuracy", "weight": 1.0, "kwargs": {}}]
     return Task(policy=policy, module=module, train_data=train, eval_data=evals, rewards=rewards)
-
-
-def model_positions(hf, max_model_len: int | None = None) -> int | None:
-    """The most tokens (prompt + completion) the language model has positions for, or None when it does not say."""
-    from pipelines.vlm.policy import unwrap
-
-    cfg = unwrap(hf).config
-    n = getattr(getattr(cfg, "text_config", cfg), "max_position_embeddings", None)
-    n = n or getattr(cfg, "max_position_embeddings", None)
-    return min(x for x in (n, max_model_len) if x) if (n or max_model_len) else None
 
 
 def _check(**kw: Any) -> None:

@@ -8,7 +8,7 @@ every key but "prompt" reaches the rewards as a field. Images are checked at loa
 import io
 import json
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -302,14 +302,12 @@ def prompt_tokens(processor: Any, chat: str, images: list) -> tuple[int, int]:
     return len(ids) - len(images) + sum(per_image), sum(per_image)  # each image slot holds one placeholder token
 
 
-def check_prompt_lengths(records: list[dict[str, Any]], processor: Any, settings: Any, *, positions: int | None,
-                         max_prompt_length: int | None, max_new_tokens: int, skip_bad_images: bool,
-                         field: str) -> list[dict[str, Any]]:
-    """The records whose chat prompt (image tokens included) fits: <= max_prompt_length tokens, and prompt +
-    max_new_tokens <= the model's positions. A record too long raises UserError naming its row, or is skipped (and
-    counted in a warning) under skip_bad_images. Only text is ever cut by the user: image tokens are never truncated."""
-    from pipelines.vlm.policy import chat_prompt
-
+def check_prompt_lengths(records: list[dict[str, Any]], count: Callable[[dict[str, Any]], tuple[int, int]], *,
+                         positions: int | None, max_prompt_length: int | None, max_new_tokens: int, skip: bool,
+                         field: str, skip_key: str = "skip_bad_images", media: str = "image") -> list[dict[str, Any]]:
+    """The records whose prompt fits: `count(record)` -> (prompt tokens, of which image/video tokens) must be <=
+    max_prompt_length, and prompt + max_new_tokens <= the model's positions. A record too long raises UserError naming
+    its row, or is skipped (and counted in a warning) when `skip`. Nothing is truncated: image tokens never can be."""
     limits = [(max_prompt_length, f"pipeline.kwargs.max_prompt_length={max_prompt_length}")] if max_prompt_length else []
     if positions:
         why = f"the model's {positions} positions minus max_new_tokens {max_new_tokens}"
@@ -318,19 +316,17 @@ def check_prompt_lengths(records: list[dict[str, Any]], processor: Any, settings
         return records
     kept, skipped = [], []
     for i, rec in enumerate(records):
-        chat, images = chat_prompt(processor, settings, rec)
-        n, n_image = prompt_tokens(processor, chat, images)
+        n, n_media = count(rec)
         over = next(((lim, why) for lim, why in limits if n > lim), None)
         if over is None:
             kept.append(rec)
             continue
         where = rec.get(WHERE_KEY) or f"{field} record {i} (id {rec.get('id', i)!r})"
-        problem = (f"the prompt is {n} tokens ({n_image} of them image tokens, never truncated), over the {over[0]} "
-                   f"allowed by {over[1]}")
-        if not skip_bad_images:
-            raise UserError(f"{where}: {problem}; shorten the question or use smaller images (max_pixels), set "
-                            f"pipeline.kwargs.max_prompt_length / max_new_tokens, or set "
-                            f"pipeline.kwargs.skip_bad_images=true to skip such rows")
+        problem = f"the prompt is {n} tokens ({n_media} of them {media} tokens), over the {over[0]} allowed by {over[1]}"
+        if not skip:
+            raise UserError(f"{where}: {problem}; shorten the question or use fewer/smaller {media}s (max_pixels), "
+                            f"set pipeline.kwargs.max_prompt_length / max_new_tokens, or set "
+                            f"pipeline.kwargs.{skip_key}=true to skip such rows")
         skipped.append(f"{where}: {problem}")
     if records and not kept:
         raise UserError(f"{field}: every record's prompt is too long (first: {skipped[0]}); shorten the questions or "
@@ -339,3 +335,13 @@ def check_prompt_lengths(records: list[dict[str, Any]], processor: Any, settings
         warnings.warn(f"{field}: skipped {len(skipped)} record(s) whose prompt is too long (first: {skipped[0]})",
                       stacklevel=2)
     return kept
+
+
+def model_positions(hf, max_model_len: int | None = None) -> int | None:
+    """The most tokens (prompt + completion) the language model has positions for, or None when it does not say."""
+    from pipelines.vlm.policy import unwrap
+
+    cfg = unwrap(hf).config
+    n = getattr(getattr(cfg, "text_config", cfg), "max_position_embeddings", None)
+    n = n or getattr(cfg, "max_position_embeddings", None)
+    return min(x for x in (n, max_model_len) if x) if (n or max_model_len) else None
