@@ -46,6 +46,21 @@ def test_blank_and_shuffle_change_only_the_pixels():
         ablate_records([{"prompt": "q"}], "blank")
 
 
+def test_paths_and_hugging_face_bytes_are_ablated_too(tmp_path):
+    import io
+
+    from PIL import Image
+
+    Image.fromarray(_scene((10, 200, 10))).save(tmp_path / "a.png")
+    buf = io.BytesIO()
+    Image.fromarray(_scene((10, 10, 200))).save(buf, format="PNG")
+    recs = [{"prompt": "q0", "image": str(tmp_path / "a.png")}, {"prompt": "q1", "image": {"bytes": buf.getvalue()}}]
+    blank = ablate_records(recs, "blank")
+    assert all(b["image"].shape == (8, 10, 3) and (b["image"] == 242).all() for b in blank)
+    shuffled = ablate_records(recs, "shuffle")  # two records: the only derangement swaps them
+    assert shuffled[0]["image"] is recs[1]["image"] and shuffled[1]["image"] == str(tmp_path / "a.png")
+
+
 def test_background_is_the_border_median():
     img = _scene((255, 0, 0))
     img[0, :3] = (0, 0, 0)  # a few dark border pixels do not move the median
