@@ -118,25 +118,12 @@ def build_rewards(cfg: Config, task: Task, device: torch.device):
         raise UserError(f"no rewards configured and pipeline {cfg.pipeline.name!r} has no default; add a "
                         f"`rewards:` list, e.g. [{{name: format, weight: 1.0}}]")
     reward_set = rewards.RewardSet(specs, device=device)
-    _check_reward_fields(cfg, task, reward_set)
     if hasattr(task.policy, "set_reward_inputs"):  # flow: no VAE decode when every reward reads latents
         try:
             task.policy.set_reward_inputs([r.input for r in reward_set.rewards])
         except ValueError as err:
             raise UserError(f"rewards: {err}") from None
     return reward_set
-
-
-def _check_reward_fields(cfg: Config, task: Task, reward_set) -> None:
-    """Every field a reward requires (answers, boxes, spans...) is in the training records, before any rollout."""
-    have = {k for rec in task.train_data for k in rec}
-    for i, (name, reward) in enumerate(zip(reward_set.names, reward_set.rewards)):
-        missing = [f for f in getattr(reward, "required", ()) if f not in have]
-        if missing:
-            where = f"rewards.{i}" if cfg.rewards else f"pipeline {cfg.pipeline.name!r}'s default reward"
-            raise UserError(f"{where} ({name!r}) needs the field {missing[0]!r} in every training record, but "
-                            f"pipeline {cfg.pipeline.name!r} gives records with {', '.join(sorted(have))}; use data "
-                            f"that has {missing[0]!r} or a reward that fits these records (`mmgrpo rewards list`)")
 
 
 def compile_module(cfg: Config, module: torch.nn.Module, acc: Accelerator) -> bool:

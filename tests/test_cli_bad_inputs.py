@@ -171,13 +171,13 @@ CASES = [
     ("overwrite_deletes_resume", [*T, "run.overwrite=true", "run.resume={run}/checkpoints/step_00000002"], 2,
      ["run.overwrite=true would delete run.resume"]),
     # found when the run is set up (after the model is built, before any step)
-    ("reward_without_its_field", [*T, *AUTO, "rewards=[{name: accuracy}]"], 2,
-     ["rewards.0 ('accuracy')", "needs the field 'answers'", "prompt, target"]),
     ("reward_labels_repeat", [*T, *AUTO, "rewards=[{name: toy_count}, {name: toy_count}]"], 2,
      ["reward labels must be unique"]),
     # found at the first step of a resumed run: stop (exit 1), name the reward and a checkpoint that exists
     ("reward_raises", [*T, *AUTO, "rewards=[{name: cli_bad_raises}]"], 1,
      ["stopped at step 2", "reward 'cli_bad_raises'", "scorer crashed", "step_00000002", "resume with: mmgrpo train"]),
+    ("reward_without_its_field", [*T, *AUTO, "rewards=[{name: accuracy}]"], 1,
+     ["stopped at step 2", "reward 'accuracy'", "needs field(s) answers", "step_00000002", "resume with:"]),
     ("reward_wrong_count", [*T, *AUTO, "rewards=[{name: cli_bad_short}]"], 1,
      ["stopped at step 2", "reward 'cli_bad_short'", "scores for", "step_00000002"]),
     # the other sub-commands
