@@ -96,9 +96,12 @@ def evaluate(cfg: Config, ckpt: str | None = None, *, group_size: int = 4, limit
 def evaluate_conditions(cfg: Config, ckpt: str | None = None, *, ablate: str = "none", group_size: int = 4,
                         limit: int | None = None, batch_prompts: int = 16, ema: bool = False,
                         samples: int = 0) -> dict[str, Any]:
-    """`evaluate` with the real inputs and with each visual ablation (`ablate`: "auto" = blank,shuffle where the
-    records hold images or videos, "none", or a list such as "blank,shuffle"; pipelines/visual_ablation.py) on the same records and rollout seeds, the paired tests of each ablation against the real inputs, and (samples > 0)
-    gallery items of `samples` records spread over the eval set, for the report's before/after samples.
+    """`evaluate` with the real inputs and with each visual ablation on the same records and rollout seeds, the
+    paired tests of each ablation against the real inputs, and (samples > 0) gallery items of `samples` records
+    spread over the eval set, for the report's before/after samples.
+
+    `ablate`: "auto" (blank,shuffle where the records hold images or videos), "none", or a list such as
+    "blank,shuffle"; the swap is the policy's `ablate_records` hook (pipelines/visual_ablation.py).
 
     Returns {"ckpt", "label", "seed", "group_size", "records", "conditions": {condition: table},
     "tests": {condition: {category: {metric: paired test}}}, "items": [...]}; see mmgrpo/looking.py."""

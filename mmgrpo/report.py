@@ -33,7 +33,8 @@ td.l,th.l{text-align:left} .up{color:#0a7a2f;font-weight:600} .down{color:#b3261
 .note{color:#555;font-size:13px} .spread{color:#666;font-size:11px} .cells{display:flex;flex-wrap:wrap;gap:4px}
 figure{margin:0;text-align:center;font-size:11px} pre{white-space:pre-wrap;margin:0;font-size:12px}
 td.s{vertical-align:top;text-align:left;max-width:420px}
-.answers{display:flex;flex-direction:column;gap:3px} .ans code{font-size:12px;background:#f6f6f6;padding:1px 3px} img.px{image-rendering:pixelated} tr.all td{background:#fafafa;font-weight:600} details{margin-top:1em}"""
+.answers{display:flex;flex-direction:column;gap:3px} .ans code{font-size:12px;background:#f6f6f6;padding:1px 3px}
+img.px{image-rendering:pixelated} tr.all td{background:#fafafa;font-weight:600} details{margin-top:1em}"""
 
 
 def load_evals(run_dir: Path) -> dict[str, dict[str, Any]]:

@@ -115,7 +115,8 @@ def test_several_seeds_show_mean_and_spread(tmp_path):
     b = _run(tmp_path / "s1", {"all": 0.2, "color": 0.2}, {"all": 0.6, "color": 0.3}, samples=False)
     assert main([str(a), str(b)]) == 0
     rows = Page((a / "report.html").read_text()).table("result", "result")
-    # accuracy after: mean(0.4, 0.6) = 0.5, sd = sqrt(((0.1)^2 + (0.1)^2) / 1) = 0.1414; change +0.3 ± 0.141 [+0.2, +0.4]
+    # accuracy after: mean(0.4, 0.6) = 0.5, sd = sqrt(((0.1)^2 + (0.1)^2) / 1) = 0.1414;
+    # change: +0.2 and +0.4 -> +0.3 ± 0.141 [+0.2, +0.4]
     assert rows[2][6] == "0.500 ± 0.141" and rows[2][7] == "+0.300 ± 0.141 [+0.200, +0.400]"
     assert rows[3][6] == "0.300 ± 0.000"
 
