@@ -168,8 +168,21 @@ def test_too_long_prompts_are_refused_or_skipped(processor, tmp_path):
         warnings.simplefilter("always")
         assert check_prompt_lengths([short, long_], count, skip=True, **kw) == [short]
     assert any("skipped 1 record" in str(w.message) for w in caught)
-    with pytest.raises(UserError, match="every record's prompt is too long"):
+    with pytest.raises(UserError, match="the model can take none of the records"):
         check_prompt_lengths([long_], count, skip=True, **kw)
+
+
+def test_the_loaded_processors_special_tokens_are_refused(processor):
+    # beyond the Qwen tokens checked at load: whatever the loaded processor calls special (a LLaVA-style <image> here)
+    from pipelines.vlm.data import model_special_tokens
+
+    assert {"<|image_pad|>", "<|video_pad|>", "<|im_end|>"} <= set(model_special_tokens(processor))
+    rec = {"prompt": "<image>\nWhat is shown?", "_where": "llava.jsonl:4 (id 9)"}
+    kw = {"positions": None, "max_prompt_length": None, "max_new_tokens": 8, "field": "pipeline.kwargs.data"}
+    assert check_prompt_lengths([rec], lambda r: (0, 0), skip=False, **kw) == [rec]
+    with pytest.raises(UserError, match=r"llava.jsonl:4 \(id 9\): the question contains the special token '<image>'.*"
+                                        r"remove it, or set pipeline.kwargs.skip_bad_images=true"):
+        check_prompt_lengths([rec], lambda r: (0, 0), skip=False, special_tokens=("<image>",), **kw)
 
 
 # ----------------------------------------------------------------------------- video records

@@ -85,7 +85,7 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
     from pipelines.video.policy import FrameSettings, MethodSettings, VideoPolicy
     from pipelines.vlm.build import (DTYPES, _check, _shared_mode, apply_training_mode, check_attn_implementation,
                                      load_model)
-    from pipelines.vlm.data import check_prompt_lengths, model_positions
+    from pipelines.vlm.data import check_prompt_lengths, model_positions, model_special_tokens
     from pipelines.vlm.methods import CareLikelihood
     from pipelines.vlm.policy import SampleSettings, VLMModule
 
@@ -135,7 +135,8 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
         raise UserError(f"pipeline.kwargs: {err}") from None
     # a prompt (video tokens included) that leaves no room is refused naming its row, or skipped (pipelines/vlm/data)
     fit = {"positions": model_positions(hf), "max_prompt_length": max_prompt_length, "max_new_tokens": max_new_tokens,
-           "skip": skip_bad_videos, "skip_key": "skip_bad_videos", "media": "video"}
+           "skip": skip_bad_videos, "skip_key": "skip_bad_videos", "media": "video",
+           "special_tokens": model_special_tokens(processor)}
     train = check_prompt_lengths(train, partial(video_prompt_tokens, policy), field="pipeline.kwargs.data", **fit)
     evals = check_prompt_lengths(evals, partial(video_prompt_tokens, policy), field="pipeline.kwargs.eval_data", **fit)
     if inject_ground_truth:

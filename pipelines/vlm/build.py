@@ -174,6 +174,7 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
         load_records,
         max_images,
         model_positions,
+        model_special_tokens,
         prompt_tokens,
     )
     from pipelines.vlm.methods import CareLikelihood
@@ -209,7 +210,8 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
     settings = SampleSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                               stop=stops, system_prompt=system_prompt, instruction=instruction)
     fit = {"positions": model_positions(hf, vllm_max_model_len), "max_prompt_length": max_prompt_length,
-           "max_new_tokens": max_new_tokens, "skip": skip_bad_images}
+           "max_new_tokens": max_new_tokens, "skip": skip_bad_images,
+           "special_tokens": model_special_tokens(processor)}
 
     def count(rec: dict[str, Any]) -> tuple[int, int]:
         return prompt_tokens(processor, *chat_prompt(processor, settings, rec))

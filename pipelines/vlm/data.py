@@ -143,12 +143,12 @@ def _image_problem(image: Any) -> str | None:
     return _aspect_problem(*rgb.size, f"image {str(path)!r}")
 
 
-def text_problem(text: str, what: str = "question") -> str | None:
+def text_problem(text: str, what: str = "question", tokens: tuple[str, ...] = VISION_SPECIAL_TOKENS) -> str | None:
     """Why user text cannot go into the chat template: it holds one of the model's special tokens."""
-    found = [t for t in VISION_SPECIAL_TOKENS if t in text]
+    found = [t for t in tokens if t in text]
     if found:
         return (f"the {what} contains the special token {found[0]!r}, which the processor would read as a real "
-                f"image/video slot or turn marker; remove it (or write it without the '|')")
+                f"image/video slot or turn marker; remove it")
     return None
 
 
@@ -302,37 +302,46 @@ def prompt_tokens(processor: Any, chat: str, images: list) -> tuple[int, int]:
     return len(ids) - len(images) + sum(per_image), sum(per_image)  # each image slot holds one placeholder token
 
 
+def model_special_tokens(processor: Any) -> tuple[str, ...]:
+    """The loaded processor's special tokens (its image/video placeholders included): none may appear in user text."""
+    tok = getattr(processor, "tokenizer", processor)
+    names = [*getattr(tok, "all_special_tokens", ()), getattr(processor, "image_token", None),
+             getattr(processor, "video_token", None)]
+    return tuple(sorted({t for t in names if isinstance(t, str) and t}, key=len, reverse=True))
+
+
 def check_prompt_lengths(records: list[dict[str, Any]], count: Callable[[dict[str, Any]], tuple[int, int]], *,
                          positions: int | None, max_prompt_length: int | None, max_new_tokens: int, skip: bool,
-                         field: str, skip_key: str = "skip_bad_images", media: str = "image") -> list[dict[str, Any]]:
-    """The records whose prompt fits: `count(record)` -> (prompt tokens, of which image/video tokens) must be <=
-    max_prompt_length, and prompt + max_new_tokens <= the model's positions. A record too long raises UserError naming
-    its row, or is skipped (and counted in a warning) when `skip`. Nothing is truncated: image tokens never can be."""
+                         field: str, skip_key: str = "skip_bad_images", media: str = "image",
+                         special_tokens: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """The records the loaded model can take: no `special_tokens` in the question (the processor's own, beyond the
+    Qwen ones checked at load), and `count(record)` -> (prompt tokens, of which image/video tokens) <=
+    max_prompt_length with prompt + max_new_tokens <= the model's positions. A bad record raises UserError naming its
+    row, or is skipped (and counted in a warning) when `skip`. Nothing is truncated: image tokens never can be."""
     limits = [(max_prompt_length, f"pipeline.kwargs.max_prompt_length={max_prompt_length}")] if max_prompt_length else []
     if positions:
         why = f"the model's {positions} positions minus max_new_tokens {max_new_tokens}"
         limits.append((positions - max_new_tokens, why))
-    if not limits:
-        return records
     kept, skipped = [], []
     for i, rec in enumerate(records):
-        n, n_media = count(rec)
-        over = next(((lim, why) for lim, why in limits if n > lim), None)
-        if over is None:
-            kept.append(rec)
-            continue
         where = rec.get(WHERE_KEY) or f"{field} record {i} (id {rec.get('id', i)!r})"
-        problem = f"the prompt is {n} tokens ({n_media} of them {media} tokens), over the {over[0]} allowed by {over[1]}"
-        if not skip:
-            raise UserError(f"{where}: {problem}; shorten the question or use fewer/smaller {media}s (max_pixels), "
-                            f"set pipeline.kwargs.max_prompt_length / max_new_tokens, or set "
-                            f"pipeline.kwargs.{skip_key}=true to skip such rows")
-        skipped.append(f"{where}: {problem}")
+        problem = text_problem(str(rec.get("question", rec.get("prompt", ""))), tokens=special_tokens)
+        if problem is None and limits:
+            n, n_media = count(rec)
+            over = next(((lim, why) for lim, why in limits if n > lim), None)
+            problem = over and (f"the prompt is {n} tokens ({n_media} of them {media} tokens), over the {over[0]} "
+                                f"allowed by {over[1]}; shorten the question, use fewer/smaller {media}s "
+                                f"(max_pixels) or change pipeline.kwargs.max_prompt_length / max_new_tokens")
+        if problem is None:
+            kept.append(rec)
+        elif not skip:
+            raise UserError(f"{where}: {problem}, or set pipeline.kwargs.{skip_key}=true to skip such rows")
+        else:
+            skipped.append(f"{where}: {problem}")
     if records and not kept:
-        raise UserError(f"{field}: every record's prompt is too long (first: {skipped[0]}); shorten the questions or "
-                        f"raise the limit")
+        raise UserError(f"{field}: the model can take none of the records (first: {skipped[0]})")
     if skipped:
-        warnings.warn(f"{field}: skipped {len(skipped)} record(s) whose prompt is too long (first: {skipped[0]})",
+        warnings.warn(f"{field}: skipped {len(skipped)} record(s) the model cannot take (first: {skipped[0]})",
                       stacklevel=2)
     return kept
 
