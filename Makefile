@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mmgrpo-installed
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo test bench gpu-check clean
+.PHONY: install demo demo-clean test bench gpu-check clean
 
 $(STAMP): pyproject.toml requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,10 +17,15 @@ install: $(STAMP)
 
 DEMO := configs/flow/shapes_t2i.yaml
 
+# run.resume=auto: a second `make demo` continues (or, when finished, just re-reports) the first run instead of
+# refusing its directory; `make demo-clean` removes that run to train from scratch.
 demo: $(STAMP)
-	$(OFFLINE) $(VENV)/bin/mmgrpo train $(DEMO)
+	$(OFFLINE) $(VENV)/bin/mmgrpo train $(DEMO) run.resume=auto
 	@echo "== held-out verifier accuracy: base model (before) vs trained (after) =="
 	@$(OFFLINE) $(PY) -m pipelines.flow.compare $(DEMO)
+
+demo-clean:
+	rm -rf runs/shapes_t2i
 
 test: $(STAMP)
 	$(OFFLINE) $(PY) -m pytest -q
