@@ -136,9 +136,9 @@ def test_eval_ablation_end_to_end_shapes_vlm(tmp_path):
     from mmgrpo.report import write_report
 
     cfg = load_config(ROOT / "configs" / "vlm" / "shapes_vqa.yaml",
-                      [f"run.output_dir={tmp_path}", "pipeline.kwargs.eval_size=6", "pipeline.kwargs.train_size=4"])
+                      [f"run.output_dir={tmp_path}", "pipeline.kwargs.eval_size=4", "pipeline.kwargs.train_size=4"])
     res, path = evaluate_run(cfg, "none", group_size=1, ablate="auto", samples=1)
-    assert path == tmp_path / "eval" / "base.json" and res["records"] == 6
+    assert path == tmp_path / "eval" / "base.json" and res["records"] == 4
     _check_result(res, path, ["format", "accuracy"])
     assert res["tests"]["blank"]["all"]["accuracy"]["test"] == "mcnemar"  # one 0/1 answer per question
     items = json.loads((tmp_path / "eval" / "base_samples" / "items.json").read_text())
