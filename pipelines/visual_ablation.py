@@ -80,8 +80,13 @@ def ablate_records(records: list[dict[str, Any]], ablation: str, *, seed: int = 
     if ablation == "shuffle":
         perm = derangement(len(records), seed)
         return [_with_pixels_of(rec, records[j]) for rec, j in zip(records, perm)]
-    workdir = Path(workdir or tempfile.mkdtemp(prefix="mmgrpo-blank-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    # the directory is made only when a video is blanked: image records need none, and a stray temp dir per call
+    # would pile up in /tmp
+    if workdir is None and any(rec.get("video") is not None for rec in records):
+        workdir = tempfile.mkdtemp(prefix="mmgrpo-blank-")
+    if workdir is not None:
+        workdir = Path(workdir)
+        workdir.mkdir(parents=True, exist_ok=True)
     made: dict[tuple, str] = {}
     out = []
     for rec in records:
