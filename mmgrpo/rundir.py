@@ -14,7 +14,11 @@ from mmgrpo.config import Config
 from mmgrpo.errors import UserError
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "report.html", "gallery", "checkpoints")
-"""what a run writes into run.output_dir (run.overwrite=true deletes exactly these; other files are left alone)"""
+"""what a run writes into run.output_dir and what marks the directory as holding a run"""
+OVERWRITTEN = (*RUN_FILES, "eval")
+"""what run.overwrite=true deletes: the run's files plus its evaluations (`mmgrpo eval` writes eval/ into the run,
+and an earlier run's eval/*.json would otherwise head the new run's report); other files are left alone. eval/ alone
+does not mark a run: `mmgrpo eval ckpt=none` into a fresh directory must not block the train that follows."""
 
 
 def _rows(path: Path) -> int:
@@ -87,9 +91,9 @@ def claim(cfg: Config) -> None:
 
 
 def clear(run_dir: Path) -> list[str]:
-    """run.overwrite=true: delete the earlier run's files (RUN_FILES only); returns what was deleted."""
+    """run.overwrite=true: delete the earlier run's files (OVERWRITTEN only); returns what was deleted."""
     gone = []
-    for name in RUN_FILES:
+    for name in OVERWRITTEN:
         p = run_dir / name
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p)

@@ -272,8 +272,11 @@ def test_overwrite_replaces_the_earlier_run(sentinel, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(sentinel, run)
     (run / "notes.txt").write_text("mine")
+    (run / "eval").mkdir()
+    (run / "eval" / "step_00000002.json").write_text("{}")  # the earlier run's eval must not head the new report
     assert main(["train", TOY, f"run.output_dir={run}", *FAST, "run.steps=1", "run.overwrite=true"]) == 0
-    assert "deleted the earlier run's config.yaml, metrics.jsonl, gallery, checkpoints" in capsys.readouterr().out
+    assert "deleted the earlier run's config.yaml, metrics.jsonl, gallery, checkpoints, eval" in capsys.readouterr().out
+    assert not (run / "eval").exists()
     assert [p.name for p in checkpoint.list_checkpoints(run / "checkpoints")] == ["step_00000001"]
     assert (run / "notes.txt").read_text() == "mine"  # only the run's own files go
 
