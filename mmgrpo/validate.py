@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from mmgrpo import advantages, losses, sampling
-from mmgrpo.config import Config, _coerce, read_text
+from mmgrpo.schema import Config, _coerce, read_text
 from mmgrpo.errors import UserError
 from mmgrpo.plugins import PIPELINES, RESERVED_BUILD_KWARGS, load_plugins
 

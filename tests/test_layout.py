@@ -38,8 +38,6 @@ _FLOW = "pipelines/flow is being edited by another helper this session; issue 17
 _VLM = "pipelines/vlm: rollout backends call back into the policy; issue 17 step 2 removes it"
 _REWARDS = "rewards: api.load needs the HTTP client, which needs api.Reward; issue 17 step 2 removes it"
 ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {
-    ("mmgrpo.config", "mmgrpo.validate"): "load_config validates; issue 17 step 2 removes it",
-    ("mmgrpo.validate", "mmgrpo.config"): "load_config validates; issue 17 step 2 removes it",
     ("mmgrpo.plugins", "pipelines"): _PLUGINS,
     ("pipelines", "pipelines.flow"): _PLUGINS,
     ("pipelines", "pipelines.toy"): _PLUGINS,
