@@ -13,7 +13,8 @@ import urllib.request
 from typing import Any
 
 from mmgrpo.errors import UserError
-from rewards.api import Reward
+from rewards.base import Reward
+from rewards.wire import encode_sample
 
 TOKEN_ENV = "MMGRPO_REWARDS_TOKEN"  # read by the client and by `mmgrpo serve-rewards` when no token is passed
 
@@ -72,8 +73,6 @@ class HttpReward(Reward):
         )
 
     def score(self, samples, prompts, **fields):
-        from rewards.server import encode_sample
-
         payload = {
             "samples": [encode_sample(s, self.input) for s in samples],
             "prompts": prompts,

@@ -7,8 +7,6 @@ sends for a generator), both capped at MAX_BODY. 400 bad payload, 401 token, 404
 body bytes are never parsed as the next request; every other answer keeps a keep-alive connection usable.
 """
 
-import base64
-import binascii
 import hmac
 import io
 import json
@@ -22,48 +20,12 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
-from rewards.api import Reward, load
+from rewards.api import load
+from rewards.base import Reward
+from rewards.compose import _with_defaults
+from rewards.wire import decode_sample
 
 MAX_BODY = 256 * 1024 * 1024
-
-
-def encode_sample(sample: Any, input_kind: str) -> dict:
-    """One sample as JSON: {"text": str}, {"png": base64} or {"video": [{"png": ...}, ...]} (frames)."""
-    from rewards._images import read_frames, to_pil
-
-    if input_kind == "text":
-        if not isinstance(sample, str):
-            raise ValueError(f"a text reward needs str samples, got {type(sample).__name__}")
-        return {"text": sample}
-    if input_kind == "video":
-        return {"video": [_png(f) for f in read_frames(sample, 10**9)]}
-    return _png(to_pil(sample))
-
-
-def _png(image: Image.Image) -> dict:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return {"png": base64.b64encode(buf.getvalue()).decode("ascii")}
-
-
-def decode_sample(obj: Any, i: int) -> Any:
-    if not isinstance(obj, dict) or len(obj) != 1:
-        raise ValueError(f"samples[{i}] must be an object with one key: text, png or video")
-    ((key, value),) = obj.items()
-    if key == "text":
-        if not isinstance(value, str):
-            raise ValueError(f"samples[{i}].text must be a string")
-        return value
-    if key == "png":
-        try:
-            return Image.open(io.BytesIO(base64.b64decode(value, validate=True))).convert("RGB")
-        except (binascii.Error, UnidentifiedImageError, TypeError, ValueError, OSError) as err:
-            raise ValueError(f"samples[{i}].png is not a base64 PNG: {err}") from None
-    if key == "video":
-        if not isinstance(value, list) or not value:
-            raise ValueError(f"samples[{i}].video must be a non-empty list of {{'png': ...}} frames")
-        return [decode_sample(f, i) for f in value]
-    raise ValueError(f"samples[{i}] has unknown key {key!r}; use text, png or video")
 
 
 class _Job:
@@ -369,8 +331,6 @@ def make_server(
 
     device / dtype go to every reward whose factory takes them (model rewards), unless reward_kwargs sets them.
     """
-    from rewards.compose import _with_defaults
-
     if not names:
         raise ValueError("serve at least one reward, e.g. --rewards pickscore,clip_score")
     defaults = {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
