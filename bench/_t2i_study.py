@@ -36,6 +36,10 @@ STORE = REPO / "bench" / "sections" / "t2i_study.jsonl"
 DOC = REPO / "docs" / "t2i_study.md"
 TRAIN_SPLIT = "shapes:train:single_object,two_objects,counting,colors,color_attr"
 
+STRICT = ("[{name: shapes_geneval, label: partial, weight: 0.0, kwargs: {mode: partial}}, "
+          "{name: shapes_geneval, label: strict, weight: 1.0, kwargs: {mode: strict}}]")
+"""Strict verifier credit as the reward (partial still logged): extra shapes earn nothing."""
+
 ARMS: dict[str, list[str]] = {
     "recipe": [],
     "const_lr1e-3": ["optim.schedule=constant", "optim.lr=1e-3"],
@@ -55,8 +59,8 @@ ARMS: dict[str, list[str]] = {
                      "kwargs: {mode: strict}}]"],
     "group_16": ["sample.group_size=16", "sample.batch_size=128"],
     "sde_steps_2": ["pipeline.kwargs.plan_kwargs={sde_steps: 2, branch_range: [0, 2]}"],
-    "strict_reward": ["rewards=[{name: shapes_geneval, label: partial, weight: 0.0, kwargs: {mode: partial}}, "
-                      "{name: shapes_geneval, label: strict, weight: 1.0, kwargs: {mode: strict}}]"],
+    "strict_reward": ["rewards=" + STRICT],
+    "const_strict": ["optim.schedule=constant", "rewards=" + STRICT],
 }
 """Arms: dotted overrides on the shipped recipe. Names are the study's rows; add an arm by adding a line."""
 
