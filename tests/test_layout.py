@@ -35,7 +35,6 @@ PROGRAMS_MODULES = (
 # (importer, imported) -> why it still exists and what removes it. Only edges that close a cycle are listed.
 _PLUGINS = "the core loads `pipelines` by name; issue 17 step 3 (plugins through entry points) removes it"
 _FLOW = "pipelines/flow is being edited by another helper this session; issue 17 next session"
-_VLM = "pipelines/vlm: rollout backends call back into the policy; issue 17 step 2 removes it"
 ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {
     ("mmgrpo.plugins", "pipelines"): _PLUGINS,
     ("pipelines", "pipelines.flow"): _PLUGINS,
@@ -50,19 +49,6 @@ ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {
     ("pipelines.flow.tiny", "pipelines.flow.build"): _FLOW,
     ("pipelines.flow.models", "pipelines.flow.shapes_model"): _FLOW,
     ("pipelines.flow.shapes_model", "pipelines.flow.models"): _FLOW,
-    ("pipelines.visual_ablation", "pipelines.vlm.data"): _VLM,
-    ("pipelines.vlm.data", "pipelines.vlm.policy"): _VLM,
-    ("pipelines.vlm.decode", "pipelines.vlm.policy"): _VLM,
-    ("pipelines.vlm.decode", "pipelines.vlm.rollout"): _VLM,
-    ("pipelines.vlm.policy", "pipelines.visual_ablation"): _VLM,
-    ("pipelines.vlm.policy", "pipelines.vlm.data"): _VLM,
-    ("pipelines.vlm.policy", "pipelines.vlm.rollout"): _VLM,
-    ("pipelines.vlm.policy", "pipelines.vlm.vision_cache"): _VLM,
-    ("pipelines.vlm.rollout", "pipelines.vlm.decode"): _VLM,
-    ("pipelines.vlm.rollout", "pipelines.vlm.rollout_vllm"): _VLM,
-    ("pipelines.vlm.rollout_vllm", "pipelines.vlm.policy"): _VLM,
-    ("pipelines.vlm.rollout_vllm", "pipelines.vlm.rollout"): _VLM,
-    ("pipelines.vlm.vision_cache", "pipelines.vlm.rollout"): _VLM,
 }
 
 # (importer, imported) -> why the lower layer still names a higher one, and what removes it.

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from mmgrpo.errors import UserError
+from pipelines.vlm.wrapping import unwrap
 
 SHAPES_VQA = "shapes_vqa"
 WHERE_KEY = "_where"
@@ -348,8 +349,6 @@ def check_prompt_lengths(records: list[dict[str, Any]], count: Callable[[dict[st
 
 def model_positions(hf, max_model_len: int | None = None) -> int | None:
     """The most tokens (prompt + completion) the language model has positions for, or None when it does not say."""
-    from pipelines.vlm.policy import unwrap
-
     cfg = unwrap(hf).config
     n = getattr(getattr(cfg, "text_config", cfg), "max_position_embeddings", None)
     n = n or getattr(cfg, "max_position_embeddings", None)

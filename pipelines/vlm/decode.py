@@ -13,24 +13,23 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from transformers import DynamicCache, StaticCache
 
+from pipelines.vlm.generation import GroupSampler, SamplingPolicy, _StopTracker, left_pad_prompts
 from pipelines.vlm.prefix import SHARED_MODEL_TYPES, mrope_positions
+from pipelines.vlm.wrapping import unwrap
 
 
-def supports_own_loop(policy: Any, encs: list[dict[str, Any]]) -> bool:
+def supports_own_loop(policy: SamplingPolicy, encs: list[dict[str, Any]]) -> bool:
     """Whether `prefill_once_generate` applies: an M-RoPE model type whose positions prefix.py computes from the
     processor's mm_token_type_ids (transformers >= 5 processors return them)."""
-    from pipelines.vlm.policy import unwrap
-
     kind = getattr(unwrap(policy.module.hf).config, "model_type", None)
     return kind in SHARED_MODEL_TYPES and all("mm_token_type_ids" in e for e in encs)
 
 
 def prompt_batch(lm: Any, encs: list[dict[str, Any]], pad_id: int) -> tuple[dict[str, Tensor], Tensor]:
-    """Model inputs for B prompts, left-padded as `generate` gets them (rollout.left_pad_prompts) plus explicit M-RoPE
+    """Model inputs for B prompts, left-padded as `generate` gets them (left_pad_prompts) plus explicit M-RoPE
     positions [3, B, L]; and each prompt's next position [B] (its largest position + 1)."""
-    from pipelines.vlm.rollout import left_pad_prompts
-
     batch = left_pad_prompts(encs, pad_id)
     width, dev = batch["input_ids"].shape[1], batch["input_ids"].device
     pos = torch.ones((3, len(encs), width), dtype=torch.long, device=dev)  # [3, B, L] padding: any position
@@ -52,14 +51,10 @@ def _all_done(done: bool, synced: bool, device: torch.device) -> bool:
 
 
 @torch.no_grad()
-def prefill_once_generate(policy: Any, encs: list[dict[str, Any]], group_size: int, seeds: list[int]):
+def prefill_once_generate(policy: SamplingPolicy, encs: list[dict[str, Any]], group_size: int, seeds: list[int]):
     """Completions [N, T] (N = B x G, prompt-major), generation-time raw logits [N, T, V] when policy.check_logp (else
     None), and the _StopTracker that saw them. Forwards go through policy.module (FSDP2 root hooks gather as in
     training); under synced_gpus a finished rank keeps stepping until every rank is done."""
-    from transformers import DynamicCache, StaticCache
-
-    from pipelines.vlm.policy import unwrap
-    from pipelines.vlm.rollout import GroupSampler, _StopTracker
 
     base, s, pad = unwrap(policy.module.hf), policy.s, policy.tokenizer.pad_token_id
     synced = bool(policy.synced_gpus())

@@ -7,7 +7,6 @@ K = completion tokens; the mask covers each completion up to and including its E
 
 import copy
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,15 +16,12 @@ from torch import Tensor, nn
 from mmgrpo.types import Rollout
 from pipelines import visual_ablation
 from pipelines.vlm.data import load_image, record_images
+from pipelines.vlm.generation import SampleSettings, _StopTracker, chat_prompt  # noqa: F401  imported from here too
 from pipelines.vlm.methods import CareLikelihood
 from pipelines.vlm.prefix import completion_logp, vision_token_ids
-from pipelines.vlm.rollout import HFBackend, _StopTracker, hf_generate_group, needs_synced_gpus  # noqa: F401
+from pipelines.vlm.rollout import HFBackend, hf_generate_group
 from pipelines.vlm.vision_cache import VisionCache
-
-
-def unwrap(hf: nn.Module) -> nn.Module:
-    """The transformers model under a peft wrapper (or hf itself)."""
-    return hf.get_base_model() if hasattr(hf, "get_base_model") else hf
+from pipelines.vlm.wrapping import needs_synced_gpus, unwrap
 
 
 class VLMModule(nn.Module):
@@ -72,31 +68,6 @@ class VLMModule(nn.Module):
                                prefix_attention=self.prefix_attention)
 
 
-@dataclass
-class SampleSettings:
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    stop: tuple[str, ...] = ("</answer>",)
-    system_prompt: str | None = None
-    instruction: str | None = None
-
-
-def chat_prompt(processor: Any, settings: SampleSettings, record: dict[str, Any]) -> tuple[str, list]:
-    """(chat-template text, PIL images) of one record: the prompt every rollout backend samples from."""
-    try:
-        images = [load_image(x) for x in record_images(record)]
-    except (OSError, ValueError) as err:
-        raise ValueError(f"record {record.get('id', record.get('prompt'))!r}: cannot load its image ({err}); "
-                         f"fix the data or enable pipeline.kwargs.skip_bad_images") from err
-    text = record["prompt"] if not settings.instruction else f"{record['prompt']}\n{settings.instruction}"
-    content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
-    messages = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []
-    messages.append({"role": "user", "content": content})
-    return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False), images
-
-
 class VLMPolicy:
     """`Policy` for an image-text-to-text model; see the module docstring."""
 
@@ -139,18 +110,6 @@ class VLMPolicy:
         return {k: v.to(self.device) for k, v in enc.items() if isinstance(v, Tensor)}
 
     # ----- rollout
-    def _generation_config(self, group_size: int):
-        from transformers import GenerationConfig
-
-        # the sampling (temperature, top-k, top-p, per-prompt seeds) is GroupSampler's, which leaves one finite score
-        # per row, so generate's own softmax + multinomial returns that token. Every other knob explicit and neutral:
-        # a model's own defaults (top_k=50, repetition_penalty=1.05) would change the distribution logp() scores
-        return GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0,
-                                max_new_tokens=self.s.max_new_tokens, suppress_tokens=self.module.suppress_ids or None,
-                                num_return_sequences=group_size, pad_token_id=self.tokenizer.pad_token_id,
-                                eos_token_id=self.eos_ids, return_dict_in_generate=True,
-                                output_logits=self.check_logp)
-
     def synced_gpus(self) -> bool:
         """generate's synced_gpus: True when the weights are FSDP-sharded over ranks (decided at the first rollout,
         after accelerate has prepared the model)."""
@@ -161,7 +120,7 @@ class VLMPolicy:
     def _generate_group(self, enc: dict[str, Any], group_size: int, seed: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """G completions [G, T] of one prompt (the hf backend's sampling, seeded by `seed`), their lengths [G], and
         generation-time log-probs when checked (the video policy samples through this)."""
-        return hf_generate_group(self, enc, group_size, seed)
+        return hf_generate_group(self, enc, group_size, seed, prefill_once=getattr(self.backend, "prefill_once", None))
 
     @torch.no_grad()
     def rollout(self, prompts: list[dict[str, Any]], group_size: int, seeds: list[int]) -> Rollout:

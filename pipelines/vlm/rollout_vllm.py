@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from mmgrpo.errors import UserError
-from pipelines.vlm.rollout import Group, pad_group, stop_lengths
+from pipelines.vlm.generation import Group, SamplingPolicy, chat_prompt, pad_group, stop_lengths
 
 INSTALL = "pip install mmgrpo[vllm]"
 SUPPRESS_BIAS = -100.0
@@ -165,7 +165,7 @@ class VLLMBackend:
         if hasattr(llm, "reset_prefix_cache"):
             llm.reset_prefix_cache()
 
-    def sampling_params(self, policy: Any, group_size: int, seed: int) -> Any:
+    def sampling_params(self, policy: SamplingPolicy, group_size: int, seed: int) -> Any:
         """The HF path's sampling settings in vLLM's terms; seeded per prompt like the HF path."""
         s = policy.s
         bias = {int(i): SUPPRESS_BIAS for i in policy.module.suppress_ids}
@@ -175,10 +175,8 @@ class VLLMBackend:
             include_stop_str_in_output=True, stop_token_ids=list(policy.eos_ids), seed=seed,
             logit_bias=bias or None)
 
-    def generate(self, policy: Any, records: list[dict[str, Any]], encs: list[dict[str, Any]], group_size: int,
-                 seeds: list[int]) -> list[Group]:
-        from pipelines.vlm.policy import chat_prompt
-
+    def generate(self, policy: SamplingPolicy, records: list[dict[str, Any]], encs: list[dict[str, Any]],
+                 group_size: int, seeds: list[int]) -> list[Group]:
         llm = self.engine()
         if self.sleep:
             llm.wake_up()

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from mmgrpo.errors import UserError
+from pipelines.vlm.wrapping import fsdp_managed, needs_synced_gpus
 
 CACHED_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")
 """model types whose get_image/video_features return per-item tuples (checked exact in tests/test_vision_cache.py)"""
@@ -91,8 +92,6 @@ class VisionCache:
         if visual.training and any(_live_dropout(m) for m in visual.modules()):
             return "a vision dropout is active in training mode"
         if self._sharded is None:  # decided at the first forward, after accelerate has prepared the model
-            from pipelines.vlm.rollout import fsdp_managed, needs_synced_gpus
-
             self._sharded = fsdp_managed(self.lm) or needs_synced_gpus(self.lm)
         if self._sharded:
             return "FSDP-sharded weights (a rank's cache hit would skip an all-gather the others wait in)"
