@@ -1,10 +1,21 @@
-"""The pipeline registry: name -> builder returning a `Task`; pipelines register themselves when imported.
+"""The pipeline registry and plugin loading: pipelines, rewards, estimators and losses register when imported.
 
-The core imports the `pipelines` package only here, and that package must stay light (heavy imports inside builders).
+What gets imported, in order:
+  1. every entry point in the `mmgrpo.plugins` group of the installed packages (pyproject.toml's
+     `[project.entry-points."mmgrpo.plugins"]`; this repository declares its own `pipelines` and `rewards` there);
+  2. when mmgrpo runs from a source checkout whose installed metadata predates a declared entry point (an editable
+     install made before it was added), that checkout's pyproject.toml entries too;
+  3. the modules a recipe lists in `run.plugins` (e.g. `run.plugins: [my_estimators]`), importable from sys.path.
+The core never names a package above it: it only follows these declarations.
 """
 
+import functools
 import importlib
+import importlib.metadata
+import sys
+from pathlib import Path
 
+from mmgrpo.errors import UserError
 from mmgrpo.registry import Registry
 
 PIPELINES = Registry("pipeline")
@@ -14,8 +25,60 @@ Optional meta `check=fn(**pipeline.kwargs)`: the pipeline's own cheap checks, ru
 loads (raise UserError / ValueError naming the field)."""
 
 RESERVED_BUILD_KWARGS = ("seed", "device", "dtype")
+GROUP = "mmgrpo.plugins"
+SOURCE_PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
-def load_plugins() -> None:
-    """Import the first-party `pipelines` package so its builders register (idempotent)."""
-    importlib.import_module("pipelines")
+def declared_plugins(pyproject: Path = SOURCE_PYPROJECT) -> dict[str, str]:
+    """name -> "module[:attr]" of every `mmgrpo.plugins` entry point: the installed packages' metadata, plus the
+    entries of mmgrpo's own source checkout (`pyproject`) that the installed metadata lacks."""
+    return dict(_declared(pyproject, tuple(sys.path)))
+
+
+@functools.lru_cache(maxsize=4)
+def _declared(pyproject: Path, search_path: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """Scanning every installed distribution takes tens of ms: once per search path (a changed sys.path rescans)."""
+    found = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=GROUP)}
+    for name, value in _source_entry_points(pyproject).items():
+        found.setdefault(name, value)
+    return tuple(found.items())
+
+
+def _source_entry_points(pyproject: Path) -> dict[str, str]:
+    """The `mmgrpo.plugins` entry points of mmgrpo's own pyproject.toml, when mmgrpo runs from a source checkout."""
+    if not pyproject.is_file():
+        return {}  # an installed wheel: its metadata is complete
+    try:
+        import tomllib  # Python >= 3.11; on 3.10 the installed metadata alone is used
+    except ModuleNotFoundError:
+        return {}
+    data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    if data.get("project", {}).get("name") != "mmgrpo":
+        return {}
+    return dict(data["project"].get("entry-points", {}).get(GROUP, {}))
+
+
+def _import(target: str, what: str, fix: str) -> None:
+    """Import `module[:attr]`; any failure is one UserError line naming the plugin, the error and the fix."""
+    module, _, attr = target.partition(":")
+    try:
+        obj = importlib.import_module(module)
+        for part in filter(None, attr.split(".")):
+            obj = getattr(obj, part)
+    except Exception as err:  # a plugin's own bug or a missing module: one line, --debug shows more
+        why = " ".join(f"{type(err).__name__}: {err}".split())
+        raise UserError(f"{what} {target!r} failed to import ({why}); {fix}") from err
+
+
+def load_plugins(modules: list[str] | tuple[str, ...] = ()) -> None:
+    """Import every declared plugin, then `modules` (a recipe's run.plugins), so their components register.
+
+    Idempotent: Python imports each module once, so a second call only re-reads the declarations.
+    """
+    for name, target in declared_plugins().items():
+        _import(target, f"plugin {name!r} (entry point {GROUP})",
+                "fix or reinstall the package that declares it (`pip install -e .` in a checkout), or uninstall it")
+    for i, module in enumerate(modules):
+        _import(module, f"run.plugins.{i}",
+                "put the module's directory on PYTHONPATH or `pip install` the package that provides it, or remove "
+                "it from run.plugins")

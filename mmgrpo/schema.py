@@ -66,6 +66,10 @@ class RunConfig:
     """show a tqdm progress bar with the live reward"""
     report: bool = True
     """write report.html (curves, before/after samples, config, timings) at the end"""
+    plugins: list[str] = field(default_factory=list)
+    """your own modules to import before validation, so the pipelines, rewards, advantage estimators and losses they
+    register can be named in this recipe, e.g. [my_package.my_rewards] (importable from PYTHONPATH); installed
+    packages can declare an entry point in the `mmgrpo.plugins` group instead"""
 
 
 @dataclass

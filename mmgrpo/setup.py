@@ -100,7 +100,7 @@ class Run:
 
 
 def build_task(cfg: Config, device: torch.device) -> Task:
-    load_plugins()
+    load_plugins(cfg.run.plugins)
     builder = PIPELINES.get(cfg.pipeline.name)
     task = builder(seed=cfg.run.seed, device=device, dtype=torch.float32, **cfg.pipeline.kwargs)
     if not task.train_data:

@@ -283,7 +283,7 @@ def _validate_optim(cfg: Config) -> None:
 
 
 def _validate_components(cfg: Config) -> None:
-    load_plugins()
+    load_plugins(cfg.run.plugins)
     _check_name(PIPELINES, cfg.pipeline.name, "pipeline.name")
     _check_kwargs(PIPELINES, cfg.pipeline.name, cfg.pipeline.kwargs, "pipeline.kwargs", skip=RESERVED_BUILD_KWARGS)
     check = PIPELINES.meta(cfg.pipeline.name).get("check")  # a pipeline's own cheap checks (flow: plan_kwargs)
@@ -306,7 +306,7 @@ def _validate_components(cfg: Config) -> None:
 
 def validate(cfg: Config) -> None:
     """Raise UserError on the first invalid field; cheap (no model is loaded)."""
-    load_plugins()  # first: pipelines register advantages and losses (video's "tempsamp") that algo.* may name
+    load_plugins(cfg.run.plugins)  # first: plugins register estimators and losses (video's "tempsamp") algo.* names
     _check_finite(cfg)
     _validate_run(cfg)
     _validate_sample(cfg)

@@ -33,18 +33,8 @@ PROGRAMS_MODULES = (
 )
 
 # (importer, imported) -> why it still exists and what removes it. Only edges that close a cycle are listed.
-_PLUGINS = "the core loads `pipelines` by name; issue 17 step 3 (plugins through entry points) removes it"
 _FLOW = "pipelines/flow is being edited by another helper this session; issue 17 next session"
 ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {
-    ("mmgrpo.plugins", "pipelines"): _PLUGINS,
-    ("pipelines", "pipelines.flow"): _PLUGINS,
-    ("pipelines", "pipelines.toy"): _PLUGINS,
-    ("pipelines", "pipelines.video"): _PLUGINS,
-    ("pipelines", "pipelines.vlm"): _PLUGINS,
-    ("pipelines.flow", "mmgrpo.plugins"): _PLUGINS,
-    ("pipelines.toy", "mmgrpo.plugins"): _PLUGINS,
-    ("pipelines.video", "mmgrpo.plugins"): _PLUGINS,
-    ("pipelines.vlm", "mmgrpo.plugins"): _PLUGINS,
     ("pipelines.flow.build", "pipelines.flow.tiny"): _FLOW,
     ("pipelines.flow.tiny", "pipelines.flow.build"): _FLOW,
     ("pipelines.flow.models", "pipelines.flow.shapes_model"): _FLOW,
@@ -59,7 +49,6 @@ ALLOWED_UPWARD_EDGES: dict[tuple[str, str], str] = {
     ("mmgrpo.cli", "pipelines.shapes.pretrain_vlm"): _CLI,
     ("mmgrpo.cli", "rewards"): _CONTRACT,
     ("mmgrpo.cli", "rewards.cli"): _CLI,
-    ("mmgrpo.plugins", "pipelines"): _PLUGINS,
     ("mmgrpo.setup", "rewards"): _CONTRACT,
     ("mmgrpo.validate", "rewards"): _CONTRACT,
 }
