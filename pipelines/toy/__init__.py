@@ -3,7 +3,11 @@
 Light to import: torch only. It proves the engine (loop, resume, distributed) in seconds on any CPU.
 """
 
+from functools import partial
+
+from mmgrpo.plugins import PIPELINES
 from pipelines.toy.policy import CountLM, ToyPolicy, build_toy_count, count_reward
+from rewards.api import REWARDS, FunctionReward
 
 __all__ = ["CountLM", "ToyPolicy", "build_toy_count", "count_reward"]
 
@@ -19,11 +23,6 @@ def _check(max_target: int = 6, max_len: int = 8, hidden: int = 32) -> None:
 
 
 def _register() -> None:
-    from functools import partial
-
-    from mmgrpo.plugins import PIPELINES
-    from rewards.api import REWARDS, FunctionReward
-
     def toy_count(max_len: int = 8) -> FunctionReward:
         """Toy counting reward: 1 - |#a - target| / max_len (text, range [1 - max_len/max_len, 1])."""
         return FunctionReward(partial(count_reward, max_len=max_len), name="toy_count", input="text",

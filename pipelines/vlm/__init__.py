@@ -3,16 +3,10 @@
 Light to import: the builder pulls in transformers and peft only when a task is built.
 """
 
+from mmgrpo.plugins import PIPELINES
 from pipelines.vlm.build import build_vlm, check_vlm_kwargs
 
-
-def _register() -> None:
-    from mmgrpo.plugins import PIPELINES
-
-    if "vlm" not in PIPELINES:
-        PIPELINES.register("vlm", build_vlm, check=check_vlm_kwargs)
-
-
-_register()
+if "vlm" not in PIPELINES:
+    PIPELINES.register("vlm", build_vlm, check=check_vlm_kwargs)
 
 __all__ = ["build_vlm"]
