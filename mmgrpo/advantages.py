@@ -355,6 +355,16 @@ def winrate(
     return _out(_normalise(wins, std=std, eps=eps, ddof=ddof))
 
 
+def prefs_from_scores(scores: Tensor) -> Tensor:
+    """Preferences [B, G, G] implied by scalar scores [B, G]: P_bij = 1 if r_bi > r_bj, 0.5 on a tie, 0 if lower.
+
+    How the trainer feeds `winrate` from a pointwise reward (Pref-GRPO arXiv:2508.20751 with a pointwise scorer: the
+    advantage then depends only on each sample's rank in its group). The diagonal is 0.5 and ignored by `winrate`.
+    """
+    r = scores.unsqueeze(-1), scores.unsqueeze(-2)  # [B, G, 1], [B, 1, G]
+    return (r[0] > r[1]).to(scores.dtype) + 0.5 * (r[0] == r[1]).to(scores.dtype)  # [B, G, G]
+
+
 def _lerp(start: float, end: float | None, progress: float) -> float:
     return start if end is None else start + (end - start) * progress
 

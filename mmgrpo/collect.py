@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from mmgrpo import sampling
-from mmgrpo.errors import RewardFailed
+from mmgrpo.errors import RewardFailed, UserError
 from mmgrpo.runtime import all_gather, all_sum, any_rank, first_message, prompt_seed
 from mmgrpo.types import Rollout
 
@@ -134,6 +134,18 @@ def _score(run, rollout: Rollout, prompts: list[dict], g: int, first: int) -> tu
     return per_reward.float(), total.float()
 
 
+def _diversity(run, rollout: Rollout, g: int) -> Tensor:
+    """[B_local] trajectory diversity of each group: the policy's own `diversity(rollout, G)` if it has one,
+    else distinct-1 over text samples."""
+    if hasattr(run.policy, "diversity"):
+        return torch.as_tensor(run.policy.diversity(rollout, g), dtype=torch.float64)  # [B_local]
+    try:
+        return sampling.distinct_1(rollout.samples, g)  # [B_local]
+    except ValueError as err:
+        raise UserError(f"sample.sampler_kwargs.diversity_weight > 0: {err}; this pipeline's samples have no "
+                        f"text diversity, set diversity_weight=0") from None
+
+
 def _one_round(run, step: int, round_: int) -> tuple[list[int], list[dict], Rollout, Tensor, Tensor, dict]:
     """Sample the global prompt batch, roll out this rank's slice, score, gather rewards to every rank."""
     cfg, acc = run.cfg, run.accelerator
@@ -151,7 +163,11 @@ def _one_round(run, step: int, round_: int) -> tuple[list[int], list[dict], Roll
     t1 = time.perf_counter()
     per_reward, total = _score(run, rollout, prompts, g, first=lo * g)  # [N, R], [N]
     global_total = all_gather(acc, total).view(b_global, g)  # [B, G]
-    run.sampler.update(global_ids, global_total)
+    if getattr(run.sampler, "diversity_weight", 0) > 0:  # MMR1 VAS scores prompts by outcome variance + diversity
+        div = all_gather(acc, _diversity(run, rollout, g).to(acc.device)).cpu()  # [B]
+        run.sampler.update(global_ids, global_total, diversity=div)
+    else:
+        run.sampler.update(global_ids, global_total)
     return ids, prompts, rollout, per_reward, total, {"rollout": t1 - t0, "reward": time.perf_counter() - t1}
 
 

@@ -74,6 +74,8 @@ def compute_advantages(run: Run, batch: Batch, progress: float) -> tuple[Tensor,
         kw["weights"] = run.reward_set.weights.tolist()
     rewards = all_gather(acc, source.contiguous())
     rewards = rewards.view(-1, g, *rewards.shape[1:])  # [B, G] or [B, G, R]
+    if kind == "pairwise":  # a preference estimator fed by a pointwise reward: P_bij from the totals' order
+        rewards = advantages.prefs_from_scores(rewards)  # [B, G, G]
     adv = advantages.compute(name, rewards, **kw).reshape(-1)  # [N]
     use = advantages.loss_mask(name, rewards, **kw).reshape(-1)  # [N]
     n_local = batch.total.numel()
@@ -88,6 +90,12 @@ def compute_advantages(run: Run, batch: Batch, progress: float) -> tuple[Tensor,
              "adv/min": float(adv.min()), "adv/max": float(adv.max()),
              "adv/zero_std_frac": sampling.zero_std_fraction(totals),
              "adv/kept_group_frac": float(batch.keep.float().mean())}
+    # the estimator's own: the share of the samples entering the loss that it pushes up or down (MC-GRPO's pivot,
+    # asymmetric scaling and flat groups lower it)
+    live = use if adv.dim() == 1 else use[:, None].expand_as(adv)  # [N_local] or [N_local, K] (per-step credit)
+    nonzero = (adv != 0) & live  # [N_local] or [N_local, K]
+    stats[f"adv/{name}/nonzero_frac"] = float(nonzero.sum() / live.sum().clamp(min=1))
+    stats[f"adv/{name}/used_frac"] = float(use.float().mean())
     return adv, use, stats
 
 

@@ -122,15 +122,20 @@ def trust_weight(
     anneal_steps: float = 300.0,
     base: float = 0.3,
     correct_threshold: float = 0.5,
+    solved: float = 0.9,
+    failed: float = 0.1,
 ) -> Tensor:
     """Per-group weight of the thinking reward in SophiaVL-R1's Trust-GRPO (arXiv:2505.17018).
 
-    w = base * exp(-step / T) * (exp(mean_think_correct - mean_think_wrong) if that gap < 0 else 1).
-    A group with no correct or no wrong answer keeps trust 1 (nothing to compare).
+    w = base * exp(-step / T) * (exp(mean_think_correct - mean_think_wrong) if that gap < 0 else 1), and w = 0 for
+    a group whose answers all score >= solved or all <= failed: the authors' reward code
+    (kxfan2002/SophiaVL-R1, verl/workers/reward/custom.py) gives such groups no thinking reward, so a flat group
+    keeps a zero advantage. A group mixing partial scores with no wrong (or no correct) answer keeps trust 1.
 
     Args:
         answer: [B, G] outcome scores; >= correct_threshold counts as correct.
         thinking: [B, G] thinking-reward scores in [0, 1].
+        solved, failed: all-solved / all-failed bounds of the answer score (the authors' 0.9 and 0.1).
     Returns:
         [B, 1] weight applied to the thinking reward of every sample of the group.
     """
@@ -145,6 +150,8 @@ def trust_weight(
     mean_w = (thinking * wrong).sum(1) / n_w.clamp(min=1)  # [B]
     gap = torch.where((n_c > 0) & (n_w > 0), mean_c - mean_w, torch.zeros_like(mean_c))  # [B]
     trust = torch.exp(gap.clamp(max=0.0))  # [B]
+    flat = (answer >= solved).all(1) | (answer <= failed).all(1)  # [B] all solved or all failed
+    trust = torch.where(flat, torch.zeros_like(trust), trust)  # [B]
     return (base * math.exp(-step / anneal_steps) * trust).unsqueeze(1)  # [B, 1]
 
 

@@ -419,3 +419,13 @@ def test_asymmetric_difficulty_matches_naive_loop():
     close(compute("asymmetric", t(rows), accuracy_gate=0.5, difficulty_focus=True), expected)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         compute("asymmetric", t([[2, 0, 0, 1]]), difficulty_focus=True)
+
+
+def test_prefs_from_scores_feeds_winrate_from_a_pointwise_reward():
+    # scores [1, 0, 1]: P_ij = 1 above, 0.5 tie, 0 below -> rows [.5 1 .5], [0 .5 0], [.5 1 .5]
+    P = A.prefs_from_scores(torch.tensor([[1.0, 0.0, 1.0]], dtype=torch.float64))
+    assert P[0].tolist() == [[0.5, 1.0, 0.5], [0.0, 0.5, 0.0], [0.5, 1.0, 0.5]]
+    # win rates (off-diagonal row sums / 2): 0.75, 0, 0.75; mean 0.5; deviations .25, -.5, .25 -> squares
+    # .0625 + .25 + .0625 = .375, / (3 - 1) = .1875 -> std = sqrt(.1875) (ddof 1, Pref-GRPO arXiv:2508.20751)
+    s = math.sqrt(0.1875)
+    close(compute("winrate", P), [[0.25 / s, -0.5 / s, 0.25 / s]], atol=1e-7)

@@ -151,9 +151,11 @@ def test_trust_weight_hand_values():
     assert w[:, 0].tolist() == pytest.approx([0.3 * math.exp(-0.4), 0.3])
     w_late = rewards.trust_weight(answer, thinking, step=300, anneal_steps=300, base=0.3)
     assert w_late[:, 0].tolist() == pytest.approx([0.3 * math.exp(-0.4) * math.exp(-1), 0.3 * math.exp(-1)])
-    # all-correct group: nothing to compare, trust 1
-    w_all = rewards.trust_weight(torch.ones(1, 3), torch.tensor([[0.1, 0.2, 0.3]]), step=0)
-    assert w_all.item() == pytest.approx(0.3)
+    # all-correct and all-wrong groups get thinking weight 0 (SophiaVL-R1's custom.py: answer >= 0.9 for all, or
+    # <= 0.1 for all); a group of partial scores (0.6, 0.7: correct, but not all solved) keeps trust 1 -> 0.3
+    answer = torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.1, 0.0], [0.6, 0.7, 1.0]])
+    w_flat = rewards.trust_weight(answer, torch.tensor([[0.1, 0.2, 0.3]] * 3), step=0)
+    assert w_flat[:, 0].tolist() == pytest.approx([0.0, 0.0, 0.3])
     with pytest.raises(ValueError, match=r"\[B, G\]"):
         rewards.trust_weight(torch.ones(4), torch.ones(4), step=0)
 
@@ -183,6 +185,19 @@ def test_trust_grpo_reward_end_to_end():
     )(texts, answers=["4"] * 4, step=[0] * 4, group_size=4)
     # with the 0.2 gate the wrong answers get no thinking reward: think [1,0,0,0], correct mean 0.5 > 0 -> w = 0.3
     assert gated.tolist() == pytest.approx([1.3, 1.0, 0.0, 0.0])
+
+
+def test_trust_grpo_all_correct_group_scores_flat():
+    # the audit's case: 4 correct answers, format thinking [0.9, 0.1, 0.5, 0.3] used to give 1 + 0.3 * t =
+    # [1.27, 1.03, 1.15, 1.09] and non-zero advantages; SophiaVL-R1 zeroes the thinking reward -> [1, 1, 1, 1]
+    a = torch.ones(1, 4)
+    t = torch.tensor([[0.9, 0.1, 0.5, 0.3]])
+    w = rewards.trust_weight(a, t, step=0)
+    assert (a + w * t).tolist() == [[1.0, 1.0, 1.0, 1.0]]
+    # one wrong answer (score 0) with thinking 0 (gated): correct mean (0.9+0.1+0.5)/3 = 0.5 > 0 -> w = 0.3
+    a2 = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    t2 = torch.tensor([[0.9, 0.1, 0.5, 0.0]])
+    assert (a2 + rewards.trust_weight(a2, t2, step=0) * t2)[0].tolist() == pytest.approx([1.27, 1.03, 1.15, 0.0])
 
 
 def test_consistency_bonus_hand_values():

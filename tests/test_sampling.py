@@ -1,4 +1,4 @@
-"""Tests for mmgrpo.sampling: zero-variance filter, DAPO refill buffer, prompt samplers (uniform, VADE, MMR1 VAS).
+"""Tests for mmgrpo.sampling: zero-variance filter and prompt samplers (uniform, VADE, MMR1 VAS).
 
 Expected values are worked out by hand in the comments; nothing here is copied from running the code.
 """
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from mmgrpo import sampling
-from mmgrpo.sampling import GroupBuffer, group_keep_mask, make_sampler, zero_std_fraction
+from mmgrpo.sampling import group_keep_mask, make_sampler, zero_std_fraction
 
 SAMPLER_NAMES = ["uniform", "vade", "mmr1_vas"]
 
@@ -56,73 +56,6 @@ def test_keep_mask_edge_cases():
     assert zero_std_fraction(torch.zeros(0, 4)) == 0.0
     with pytest.raises(ValueError, match=r"\[B, G\]"):
         group_keep_mask(torch.zeros(3))
-
-
-# ---------------------------------------------------------------- GroupBuffer
-
-
-def _round(start: int, keep: list[bool], group_size: int = 2):
-    """B = len(keep) groups numbered start.. ; a [B] tensor, a [B*G] sample tensor and a [B] list per round."""
-    b = len(keep)
-    ids = torch.arange(start, start + b)
-    groups = {
-        "gid": ids,
-        "samples": ids.repeat_interleave(group_size) * 10 + torch.arange(group_size).repeat(b),
-        "meta": {"name": [f"p{i}" for i in ids.tolist()]},
-    }
-    return groups, torch.tensor(keep, dtype=torch.bool)
-
-
-def test_group_buffer_refills_in_order():
-    buf = GroupBuffer(max_rounds=5)
-    plans = [[1, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
-    start, rounds = 0, 0
-    while not buf.ready(5):
-        groups, keep = _round(start, plans[rounds])
-        buf.add(groups, keep)
-        start, rounds = start + 4, rounds + 1
-    assert rounds == 4 and len(buf) == 7  # kept 1 + 2 + 0 + 4
-    out = buf.take(5)
-    # kept groups in arrival order: 0 | 5, 6 | - | 12, 13, 14, 15 -> the first five
-    assert out["gid"].tolist() == [0, 5, 6, 12, 13]
-    assert out["samples"].tolist() == [0, 1, 50, 51, 60, 61, 120, 121, 130, 131]  # G = 2 contiguous rows per group
-    assert out["meta"]["name"] == ["p0", "p5", "p6", "p12", "p13"]
-    assert len(buf) == 0  # DAPO drops the surplus (groups 14, 15)
-    m = buf.metrics()
-    assert m["filter/rounds"] == 4 and m["filter/kept_frac"] == pytest.approx(7 / 16)
-    assert not buf.ready(1)  # round count reset
-
-
-def test_group_buffer_keep_surplus_and_plain_payloads():
-    buf = GroupBuffer(keep_surplus=True)
-    buf.add(list("abcd"), [True, True, False, True])
-    assert buf.take(2) == ["a", "b"]
-    assert len(buf) == 1 and buf.ready(1)  # "d" carried over
-    buf.add(list("efg"), [True, False, True])
-    assert buf.take(3) == ["d", "e", "g"]
-    with pytest.raises(ValueError, match="structure"):
-        buf.add(torch.arange(3), [True, False, True])  # a list was seen before: mixing kinds is a bug
-    arrays = GroupBuffer()
-    arrays.add(np.arange(6).reshape(3, 2), np.array([False, True, True]))
-    np.testing.assert_array_equal(arrays.take(2), [[2, 3], [4, 5]])
-
-
-def test_group_buffer_max_rounds_message():
-    buf = GroupBuffer(max_rounds=3)
-    with pytest.raises(ValueError, match=r"only 1 of 4 groups .* after 3 rollout rounds .* check your data"):
-        while not buf.ready(4):
-            buf.add(torch.arange(4), [True, False, False, False] if buf.rounds == 0 else [False] * 4)
-    assert buf.rounds == 3
-    with pytest.raises(ValueError, match="ready"):
-        buf.take(4)
-    with pytest.raises(ValueError, match="rows"):
-        GroupBuffer().add(torch.arange(5), [True, False])  # 5 rows is neither B=2 nor a multiple of it
-    with pytest.raises(ValueError, match="max_rounds"):
-        GroupBuffer(max_rounds=0)
-    unbounded = GroupBuffer(max_rounds=None)
-    for _ in range(50):
-        unbounded.add(torch.arange(2), [False, False])
-    assert not unbounded.ready(1)
 
 
 # ---------------------------------------------------------------- samplers: shared contract

@@ -184,28 +184,33 @@ def test_shipped_sampling_is_deterministic(shipped):
     assert np.array_equal(a, b) and not np.array_equal(a, c)
 
 
-# a small fixed sample of test-split prompts (prompts never trained on): the lone single-object test prompt 16
-# times, and 4 images of one test prompt in each other category; fixed noise seed, so it cannot flake
+# the documented band (assets/README.md, "Against the targets"): single-object strict >= 20% and strict
+# < 60% in every category. It holds on val (test's lone single-object prompt, "a circle", is documented above it),
+# so the sample is val: 8 images per category (prompts evenly spread over the category's list), fixed noise seed,
+# so it cannot flake. Measured with the shipped model (guidance 2.0, 16 steps): single 0.25, two objects 0.5,
+# counting 0.25, colours 0.25, position 0.375, colour attribution 0.125; partial 0.627 over all 48.
 BAND_SEED = 0
-# measured on this sample with the shipped model (guidance 2.0, 16 steps): single-object strict 0.8125 (13/16),
-# overall strict 0.611, partial 0.766; the bounds sit below / above so a regression fails and noise cannot
-SINGLE_LOWER = 0.6
-PARTIAL_LOWER = 0.65
-STRICT_UPPER = 0.75
+BAND_PER_CATEGORY = 8
+SINGLE_LOWER = 0.2
+CATEGORY_UPPER = 0.6
+PARTIAL_LOWER = 0.5
 
 
 def _band_prompts() -> list[str]:
-    single = scenes.list_prompts("test", "single_object")
-    others = [scenes.list_prompts("test", c)[0] for c in scenes.CATEGORIES if c != "single_object"]
-    return [p for p in single for _ in range(16)] + [p for p in others for _ in range(4)]
+    out = []
+    for cat in scenes.CATEGORIES:
+        ps = scenes.list_prompts("val", cat)
+        out += [ps[i] for i in np.linspace(0, len(ps) - 1, BAND_PER_CATEGORY).round().astype(int)]
+    return out
 
 
-def test_shipped_accuracy_band_on_test_prompts(shipped):
+def test_shipped_accuracy_band_per_category_on_val(shipped):
     prompts = _band_prompts()
     imgs = sample(shipped, prompts, num_steps=16, seed=BAND_SEED)
-    strict = score(list(imgs), prompts, mode="strict")
+    strict = torch.as_tensor(score(list(imgs), prompts, mode="strict")).view(len(scenes.CATEGORIES), -1)  # [C, 8]
     partial = score(list(imgs), prompts, mode="partial")
-    single = strict[:16].mean()
-    assert single >= SINGLE_LOWER, f"single-object strict {single:.3f} fell below {SINGLE_LOWER}"
-    assert strict.mean() < STRICT_UPPER, f"the base model must leave room for RL (strict < {STRICT_UPPER})"
+    per = dict(zip(scenes.CATEGORIES, strict.mean(1).tolist()))
+    assert per["single_object"] >= SINGLE_LOWER, f"single-object strict {per['single_object']:.3f} < {SINGLE_LOWER}"
+    over = {c: v for c, v in per.items() if v >= CATEGORY_UPPER}
+    assert not over, f"the base model must leave room for RL in every category (strict < {CATEGORY_UPPER}): {over}"
     assert partial.mean() >= PARTIAL_LOWER, f"partial {partial.mean():.3f} fell below {PARTIAL_LOWER}"

@@ -162,14 +162,10 @@ def test_failing_reward_stops_with_checkpoint(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("extra", [
-    ["sample.filter_zero_std=true", "sample.refill=true", "sample.max_refill_rounds=2"],
     ["algo.kl_coef=0.05", "algo.kl_kind=k3", "optim.ema_decay=0.9", "optim.schedule=cosine", "optim.warmup_steps=1"],
     ["algo.loss=reg_grpo", "algo.loss_kwargs={}", "algo.aggregation=seq_mean_token_mean", "algo.micro_batch_size=8"],
     ["algo.loss_kwargs={level: sequence, clip_low: 0.0003, clip_high: 0.0004}", "algo.advantage=rloo",
      "algo.advantage_kwargs={}"],
-    ["sample.sampler=vade", "algo.aggregation=seq_mean_token_sum_norm", "algo.advantage=mc_grpo",
-     "algo.advantage_kwargs={scale: std}",
-     "sample.group_size=7", "sample.batch_size=28", "algo.micro_batch_size=7"],
 ])
 def test_variants_run(tmp_path, extra):
     out = train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=3", *extra]))
@@ -178,8 +174,69 @@ def test_variants_run(tmp_path, extra):
     if "algo.kl_coef=0.05" in extra:
         assert m["kl/ref"] > 0
         assert (checkpoint.list_checkpoints(tmp_path / "checkpoints")[-1] / "ema.safetensors").is_file()
-    if "sample.refill=true" in extra:
-        assert m["rollout/rounds"] >= 1
+
+
+def test_refill_trains_on_varied_groups_only(tmp_path):
+    # targets 1-3 score a flat 0.5 for every sample, the others the completion's length / 8 (varied: seed 0 gives no
+    # group of 8 equal lengths); 4 of the 6 prompts are drawn per step, so every first round holds a flat group and
+    # the step must roll out again until 4 groups vary (at least one varied group per round, 5 rounds allowed)
+    def half_flat(samples, prompts, target=None):
+        return [0.5 if t <= 3 else len(s) / 8 for s, t in zip(samples, target)]
+
+    _register("test_half_flat", half_flat)
+    common = [*FAST, "run.steps=3", "rewards=[{name: test_half_flat}]", "sample.filter_zero_std=true"]
+    train(load_config(RECIPE, [f"run.output_dir={tmp_path / 'refill'}", *common, "sample.refill=true",
+                               "sample.max_refill_rounds=4"]))
+    train(load_config(RECIPE, [f"run.output_dir={tmp_path / 'filter'}", *common]))
+    refill, filtered = _metrics(tmp_path / "refill"), _metrics(tmp_path / "filter")
+    assert all(r["rollout/rounds"] >= 2 for r in refill), [r["rollout/rounds"] for r in refill]
+    assert all(r["adv/kept_group_frac"] == 1.0 for r in refill)  # every trained group varies
+    assert all(r["rollout/rounds"] == 1 and r["adv/kept_group_frac"] <= 0.75 for r in filtered)
+
+
+def test_vade_posterior_counts_every_reward(tmp_path):
+    # decays off (1.0): the posterior's evidence is exactly the sum of rewards (successes) and of 1 - rewards
+    # (failures) over every sample rolled out, and each of the 3 steps visits 4 prompts
+    train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=3", "sample.sampler=vade",
+                               "sample.sampler_kwargs={step_decay: 1.0, visit_decay: 1.0}"]))
+    rows = _metrics(tmp_path)
+    state = torch.load(checkpoint.list_checkpoints(tmp_path / "checkpoints")[-1] / "state.pt", weights_only=False)
+    sampler = state["sampler"]
+    successes = sum(r["reward/total_mean"] * 32 for r in rows)  # 32 samples a step
+    assert sum(sampler["evidence_alpha"]) == pytest.approx(successes, rel=1e-5)
+    assert sum(sampler["evidence_alpha"]) + sum(sampler["evidence_beta"]) == pytest.approx(3 * 32)
+    assert sum(sampler["visits"]) == 3 * 4 and rows[-1]["sampler/seen_frac"] > 0
+
+
+def test_mc_grpo_leaves_the_pivot_out_of_the_loss(tmp_path):
+    # G = 7 (odd): one pivot per group is masked out of the loss, so exactly 6/7 of the samples are used
+    out = train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=2", "algo.advantage=mc_grpo",
+                                     "algo.advantage_kwargs={scale: std}", "sample.group_size=7",
+                                     "sample.batch_size=28", "algo.micro_batch_size=7"]))
+    assert out["metrics"]["adv/mc_grpo/used_frac"] == pytest.approx(6 / 7)
+    off = train(load_config(RECIPE, [f"run.output_dir={tmp_path / 'all'}", *FAST, "run.steps=1",
+                                     "algo.advantage=mc_grpo", "algo.advantage_kwargs={exclude_pivot: false}",
+                                     "sample.group_size=7", "sample.batch_size=28", "algo.micro_batch_size=7"]))
+    assert off["metrics"]["adv/mc_grpo/used_frac"] == 1.0
+
+
+def test_a_grae_suppresses_positive_advantages_through_the_trainer(tmp_path):
+    # A-GRAE (arXiv:2602.05548) with pos_scale 0: every positive advantage is scaled to 0, negatives kept
+    kw = "algo.advantage_kwargs={pos_scale: 0.0, accuracy_gate: 1.0, difficulty_focus: true}"
+    out = train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=2", "algo.advantage=asymmetric",
+                                     kw]))
+    m = out["metrics"]
+    assert m["adv/max"] == 0.0 and m["adv/min"] < 0 and m["skipped"] == 0.0
+    assert 0 < m["adv/asymmetric/nonzero_frac"] < 1  # only the below-mean samples still push
+
+
+def test_mmr1_diversity_reaches_the_sampler_through_the_trainer(tmp_path):
+    # outcome_weight 0: a prompt's score is diversity_weight * distinct-1 of its group's completions, > 0 for any
+    # group with at least one completion (a toy completion is one token, so distinct-1 = distinct completions / G)
+    out = train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=2", "sample.sampler=mmr1_vas",
+                                     "sample.sampler_kwargs={diversity_weight: 1.0, outcome_weight: 0.0}"]))
+    m = out["metrics"]
+    assert 0 < m["sampler/score_mean"] <= 1.0 and m["sampler/seen_frac"] > 0
 
 
 def test_two_ranks_match_one(tmp_path):
