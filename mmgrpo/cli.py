@@ -8,6 +8,8 @@ import os
 import sys
 import traceback
 
+from mmgrpo.plugins import command_adders
+
 EXAMPLES = """examples:
   mmgrpo train configs/toy_count.yaml                      train the toy counting policy (seconds on a CPU)
   mmgrpo train configs/toy_count.yaml run.steps=100 algo.kl_coef=0.01 sample.group_size=16
@@ -208,12 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     from mmgrpo.doctor import add_subcommand as add_doctor
 
     add_doctor(sub)  # `mmgrpo doctor`: GPU smoke test (mmgrpo/doctor.py)
-    try:
-        from rewards.cli import add_subcommands
-    except ImportError:
-        add_subcommands = None
-    if add_subcommands is not None:
-        add_subcommands(sub)
+    for add in command_adders(lambda line: print(line, file=sys.stderr)):  # `mmgrpo rewards`, `serve-rewards`...
+        add(sub)
     return p
 
 

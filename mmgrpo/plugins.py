@@ -6,6 +6,7 @@ What gets imported, in order:
   2. when mmgrpo runs from a source checkout whose installed metadata predates a declared entry point (an editable
      install made before it was added), that checkout's pyproject.toml entries too;
   3. the modules a recipe lists in `run.plugins` (e.g. `run.plugins: [my_estimators]`), importable from sys.path.
+CLI sub-commands come the same way, from the `mmgrpo.commands` group: each entry is `add(subparsers)`.
 The core never names a package above it: it only follows these declarations.
 """
 
@@ -13,7 +14,9 @@ import functools
 import importlib
 import importlib.metadata
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from mmgrpo.errors import UserError
 from mmgrpo.registry import Registry
@@ -25,27 +28,29 @@ Optional meta `check=fn(**pipeline.kwargs)`: the pipeline's own cheap checks, ru
 loads (raise UserError / ValueError naming the field)."""
 
 RESERVED_BUILD_KWARGS = ("seed", "device", "dtype")
+_REINSTALL = "fix or reinstall the package that declares it (`pip install -e .` in a checkout), or uninstall it"
 GROUP = "mmgrpo.plugins"
+COMMANDS = "mmgrpo.commands"
 SOURCE_PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
-def declared_plugins(pyproject: Path = SOURCE_PYPROJECT) -> dict[str, str]:
-    """name -> "module[:attr]" of every `mmgrpo.plugins` entry point: the installed packages' metadata, plus the
-    entries of mmgrpo's own source checkout (`pyproject`) that the installed metadata lacks."""
-    return dict(_declared(pyproject, tuple(sys.path)))
+def declared_plugins(pyproject: Path = SOURCE_PYPROJECT, group: str = GROUP) -> dict[str, str]:
+    """name -> "module[:attr]" of every entry point in `group`: the installed packages' metadata, plus the entries
+    of mmgrpo's own source checkout (`pyproject`) that the installed metadata lacks."""
+    return dict(_declared(pyproject, group, tuple(sys.path)))
 
 
-@functools.lru_cache(maxsize=4)
-def _declared(pyproject: Path, search_path: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+@functools.lru_cache(maxsize=8)
+def _declared(pyproject: Path, group: str, search_path: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
     """Scanning every installed distribution takes tens of ms: once per search path (a changed sys.path rescans)."""
-    found = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=GROUP)}
-    for name, value in _source_entry_points(pyproject).items():
+    found = {ep.name: ep.value for ep in importlib.metadata.entry_points(group=group)}
+    for name, value in _source_entry_points(pyproject, group).items():
         found.setdefault(name, value)
     return tuple(found.items())
 
 
-def _source_entry_points(pyproject: Path) -> dict[str, str]:
-    """The `mmgrpo.plugins` entry points of mmgrpo's own pyproject.toml, when mmgrpo runs from a source checkout."""
+def _source_entry_points(pyproject: Path, group: str = GROUP) -> dict[str, str]:
+    """The `group` entry points of mmgrpo's own pyproject.toml, when mmgrpo runs from a source checkout."""
     if not pyproject.is_file():
         return {}  # an installed wheel: its metadata is complete
     try:
@@ -55,11 +60,12 @@ def _source_entry_points(pyproject: Path) -> dict[str, str]:
     data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
     if data.get("project", {}).get("name") != "mmgrpo":
         return {}
-    return dict(data["project"].get("entry-points", {}).get(GROUP, {}))
+    return dict(data["project"].get("entry-points", {}).get(group, {}))
 
 
-def _import(target: str, what: str, fix: str) -> None:
-    """Import `module[:attr]`; any failure is one UserError line naming the plugin, the error and the fix."""
+def _import(target: str, what: str, fix: str) -> Any:
+    """Import `module[:attr]` and return it; any failure is one UserError line naming the plugin, the error and the
+    fix."""
     module, _, attr = target.partition(":")
     try:
         obj = importlib.import_module(module)
@@ -68,6 +74,7 @@ def _import(target: str, what: str, fix: str) -> None:
     except Exception as err:  # a plugin's own bug or a missing module: one line, --debug shows more
         why = " ".join(f"{type(err).__name__}: {err}".split())
         raise UserError(f"{what} {target!r} failed to import ({why}); {fix}") from err
+    return obj
 
 
 def load_plugins(modules: list[str] | tuple[str, ...] = ()) -> None:
@@ -76,9 +83,20 @@ def load_plugins(modules: list[str] | tuple[str, ...] = ()) -> None:
     Idempotent: Python imports each module once, so a second call only re-reads the declarations.
     """
     for name, target in declared_plugins().items():
-        _import(target, f"plugin {name!r} (entry point {GROUP})",
-                "fix or reinstall the package that declares it (`pip install -e .` in a checkout), or uninstall it")
+        _import(target, f"plugin {name!r} (entry point {GROUP})", _REINSTALL)
     for i, module in enumerate(modules):
         _import(module, f"run.plugins.{i}",
                 "put the module's directory on PYTHONPATH or `pip install` the package that provides it, or remove "
                 "it from run.plugins")
+
+
+def command_adders(warn: Callable[[str], None]) -> list[Callable]:
+    """The `add(subparsers)` function of every `mmgrpo.commands` entry point, by name. One that fails to import is
+    skipped with one `warn` line naming it and the fix, so a broken plugin never takes `mmgrpo train` down with it."""
+    adders = []
+    for name, target in sorted(declared_plugins(group=COMMANDS).items()):
+        try:
+            adders.append(_import(target, f"command plugin {name!r} (entry point {COMMANDS})", _REINSTALL))
+        except UserError as err:
+            warn(f"mmgrpo: {err}")
+    return adders

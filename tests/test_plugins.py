@@ -15,6 +15,7 @@ import pytest
 
 from mmgrpo import train
 from mmgrpo.advantages import ADVANTAGES
+from mmgrpo.cli import main as cli_main
 from mmgrpo.config import load_config
 from mmgrpo.errors import UserError
 from mmgrpo.plugins import (
@@ -35,6 +36,7 @@ FAST = ["run.progress=false", "run.report=false", "run.steps=2", "run.checkpoint
 PLUGIN = '''
 """A throw-away mmgrpo plugin: one advantage estimator and one reward, registered on import."""
 from mmgrpo.advantages import ADVANTAGES
+from mmgrpo.cli import main as cli_main
 from rewards.api import REWARDS, FunctionReward
 
 CALLS = []
@@ -75,12 +77,12 @@ def plugin(tmp_path, monkeypatch):
     sys.modules.pop(name, None)
 
 
-def _entry_point(site: Path, name: str, target: str) -> None:
-    """What `pip install` of a package declaring `[project.entry-points."mmgrpo.plugins"] name = target` leaves."""
+def _entry_point(site: Path, name: str, target: str, group: str = "mmgrpo.plugins") -> None:
+    """What `pip install` of a package declaring `[project.entry-points."<group>"] name = target` leaves."""
     info = site / f"{name}-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[mmgrpo.plugins]\n{name} = {target}\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n{name} = {target}\n")
 
 
 def _train_with(name: str, out: Path, extra: list[str]) -> list[dict]:
@@ -141,3 +143,22 @@ def test_first_party_plugins_are_declared_and_survive_stale_metadata(tmp_path):
     assert "only_in_the_checkout" not in declared_plugins(other)  # another project's pyproject is not ours
     load_plugins()
     assert {"flow", "toy_count", "vlm", "video"} <= set(PIPELINES.names())
+
+
+def test_cli_sub_commands_come_from_entry_points(plugin, tmp_path, capsys):
+    site = tmp_path / "site"
+    (site / f"{plugin}_cmd.py").write_text(textwrap.dedent('''
+        def add(subparsers):
+            p = subparsers.add_parser("hello", help="say hello")
+            p.set_defaults(func=lambda args: print("hello from a plugin") or 0)
+    '''))
+    _entry_point(site, f"{plugin}_cmd", f"{plugin}_cmd:add", group="mmgrpo.commands")
+    _entry_point(site, f"{plugin}_bad", f"{plugin}_cmd:missing", group="mmgrpo.commands")
+    assert cli_main(["hello"]) == 0
+    out, err = capsys.readouterr()
+    assert out == "hello from a plugin\n"
+    assert err == (f"mmgrpo: command plugin '{plugin}_bad' (entry point mmgrpo.commands) '{plugin}_cmd:missing' "
+                   f"failed to import (AttributeError: module '{plugin}_cmd' has no attribute 'missing'); fix or "
+                   f"reinstall the package that declares it (`pip install -e .` in a checkout), or uninstall it\n")
+    assert declared_plugins(group="mmgrpo.commands")["rewards"] == "rewards.cli:add_subcommands"
+    sys.modules.pop(f"{plugin}_cmd", None)
