@@ -429,3 +429,36 @@ def test_prefs_from_scores_feeds_winrate_from_a_pointwise_reward():
     # .0625 + .25 + .0625 = .375, / (3 - 1) = .1875 -> std = sqrt(.1875) (ddof 1, Pref-GRPO arXiv:2508.20751)
     s = math.sqrt(0.1875)
     close(compute("winrate", P), [[0.25 / s, -0.5 / s, 0.25 / s]], atol=1e-7)
+
+
+# ----------------------------------------------------------------------------- Gaussian G^2RPO (arXiv:2604.08539)
+
+
+def test_gaussian_golden_ranks_to_normal_quantiles():
+    # G = 4 quantile midpoints: Phi^-1(1/8, 3/8, 5/8, 7/8) = -1.15035, -0.31864, 0.31864, 1.15035
+    q = [statistics.NormalDist().inv_cdf((k - 0.5) / 4) for k in range(1, 5)]
+    # distinct rewards 0.1, 0.5, 0.9, 0.3 rank 1, 3, 4, 2 -> z_1, z_3, z_4, z_2 (any spacing gives the same)
+    close(compute("gaussian", torch.tensor([[0.1, 0.5, 0.9, 0.3], [-50.0, 0.5, 100.0, 0.3]])),
+          [[q[0], q[2], q[3], q[1]]] * 2)
+    # one correct, three wrong: the three ties share slots 1-3, barycentre (z_1 + z_2 + z_3) / 3 = -0.38345;
+    # the correct one gets z_4 = 1.15035; the group still sums to 0; a flat group gets 0
+    tied = (q[0] + q[1] + q[2]) / 3
+    out = compute("gaussian", torch.tensor([[1.0, 0.0, 0.0, 0.0], [2.0, 2.0, 2.0, 2.0]]))
+    close(out, [[q[3], tied, tied, tied], [0.0] * 4])
+    assert abs(float(out[0].double().sum())) < 1e-6
+
+
+# ----------------------------------------------------------------------------- NGRPO calibration (arXiv:2509.18851)
+
+
+def test_ngrpo_golden_virtual_best_sample():
+    # all wrong [0, 0, 0, 0] + virtual 1: mean 0.2, var (ddof 1) = (4 * 0.04 + 0.64) / 4 = 0.2 -> A = -0.2 / sqrt(0.2)
+    # one right [1, 0, 0, 0] + 1: mean 0.4, var = (2 * 0.36 + 3 * 0.16) / 4 = 0.3 -> A = 0.6 / sqrt(.3), -0.4 / sqrt(.3)
+    # all right: every value at max_reward, flat -> 0
+    out = compute("ngrpo", torch.tensor([[0.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]]), eps=0.0)
+    a, s = -0.2 / math.sqrt(0.2), math.sqrt(0.3)
+    close(out, [[a] * 4, [0.6 / s, -0.4 / s, -0.4 / s, -0.4 / s], [0.0] * 4])
+    # max_reward 2, ddof 0, rewards [1, 1]: values [1, 1, 2], mean 4/3, population std sqrt(2/9) -> A = -1/sqrt(2)
+    close(compute("ngrpo", torch.tensor([[1.0, 1.0]]), max_reward=2.0, ddof=0, eps=0.0), [[-1 / math.sqrt(2)] * 2])
+    with pytest.raises(ValueError, match="above max_reward"):
+        compute("ngrpo", torch.tensor([[1.5, 0.0]]))

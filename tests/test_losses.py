@@ -383,3 +383,29 @@ def test_kl_clamp_and_errors():
         kl(logp, ref, "k4")
     with pytest.raises(ValueError, match=r"ref_logp \(1, 2\) != logp \(1, 1\)"):
         kl(logp, t([[0.0, 0.0]]), "k3")
+
+
+# ---------------------------------------------------------------- DISPO (arXiv:2602.00983)
+
+
+def test_dispo_golden_four_bounds():
+    # rows: (A, r) = (+1, 1.5), (+1, 0.5), (-1, 1.5), (-1, 0.5); old_logp 0 so logp = log r
+    # bounds: correct [1 - 0.1, 1 + 0.3] = [0.9, 1.3]; incorrect [1 - 0.4, 1 + 0.2] = [0.6, 1.2]
+    # weights: clip(1.5) = 1.3, clip(0.5) = 0.9, clip(1.5) = 1.2, clip(0.5) = 0.6
+    # loss = -w * A * log r: -1.3 log 1.5, -0.9 log 0.5, 1.2 log 1.5, 0.6 log 0.5; gradient d/dlogp = -w * A
+    logp = t([[math.log(1.5)], [math.log(0.5)], [math.log(1.5)], [math.log(0.5)]]).requires_grad_(True)
+    adv = t([1.0, 1.0, -1.0, -1.0])
+    loss, m = losses.compute("dispo", logp, torch.zeros_like(logp), adv, torch.ones(4, 1, dtype=torch.bool),
+                             correct_low=0.1, correct_high=0.3, incorrect_low=0.4, incorrect_high=0.2)
+    want = [-1.3 * math.log(1.5), -0.9 * math.log(0.5), 1.2 * math.log(1.5), 0.6 * math.log(0.5)]
+    assert_close(loss[:, 0], t(want))
+    loss.sum().backward()
+    assert_close(logp.grad[:, 0], t([-1.3, -0.9, 1.2, 0.6]))  # every element keeps a (bounded) gradient
+    assert [float(m[f"clip/{k}"]) for k in ("correct_upper_frac", "correct_lower_frac", "incorrect_upper_frac",
+                                            "incorrect_lower_frac")] == [0.25, 0.25, 0.25, 0.25]
+    # inside every range the weight is the ratio itself: r = 1 gives -A * logp = 0 at logp = 0, gradient -A
+    lp = t([[0.0]]).requires_grad_(True)
+    losses.compute("dispo", lp, torch.zeros_like(lp), t([2.0]), torch.ones(1, 1, dtype=torch.bool))[0].sum().backward()
+    assert_close(lp.grad, t([[-2.0]]))
+    with pytest.raises(ValueError, match="incorrect_low"):
+        losses.compute("dispo", lp, lp.detach(), t([1.0]), torch.ones(1, 1, dtype=torch.bool), incorrect_low=1.5)

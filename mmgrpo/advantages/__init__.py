@@ -2,7 +2,8 @@
 
 All are registered in ADVANTAGES and reached through `compute(name, rewards, **kw)`; no trainer state or configs here.
 The estimators live by family in submodules (group: one scalar reward; multi: several rewards or preferences;
-shaping: estimators over another's output); importing this package registers them all.
+calibrated: new group statistics; shaping: estimators over another's output); importing this package registers
+them all.
 """
 
 from mmgrpo.advantages._common import (  # noqa: F401  helpers re-exported for pipelines' own estimators
@@ -24,12 +25,13 @@ from mmgrpo.advantages._common import (  # noqa: F401  helpers re-exported for p
     compute,
     loss_mask,
 )
+from mmgrpo.advantages.calibrated import gaussian, ngrpo
 from mmgrpo.advantages.group import grpo, mc_grpo, passk, rloo
 from mmgrpo.advantages.multi import gdpo, prefs_from_scores, winrate
 from mmgrpo.advantages.shaping import asymmetric
 
-__all__ = ["ADVANTAGES", "asymmetric", "compute", "describe", "gdpo", "grpo", "loss_mask", "mc_grpo", "names",
-           "passk", "prefs_from_scores", "rloo", "winrate"]
+__all__ = ["ADVANTAGES", "asymmetric", "compute", "describe", "gaussian", "gdpo", "grpo", "loss_mask", "mc_grpo", "names",
+           "ngrpo", "passk", "prefs_from_scores", "rloo", "winrate"]
 
 
 # ----------------------------------------------------------------------------- public entry points
