@@ -8,7 +8,7 @@ import os
 import sys
 import traceback
 
-from mmgrpo.plugins import command_adders
+from mmgrpo.plugins import PIPELINES, command_adders, load_plugins
 
 EXAMPLES = """examples:
   mmgrpo train configs/toy_count.yaml                      train the toy counting policy (seconds on a CPU)
@@ -131,7 +131,6 @@ def cmd_config(args) -> int:
 def cmd_list(args) -> int:
     from mmgrpo import advantages, losses, sampling
     from mmgrpo.errors import UserError
-    from mmgrpo.plugins import PIPELINES, load_plugins
 
     load_plugins()
     import rewards
