@@ -398,3 +398,22 @@ def kl(
         return fn(logp, ref_logp)
     d = (ref_logp - logp).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [N, K]
     return fn(ref_logp - d, ref_logp).clamp(-clamp, clamp)
+
+
+def kl_reward_penalty(old_logp: Tensor, ref_logp: Tensor, mask: Tensor, *, coef: float, kind: str = "k1") -> Tensor:
+    """KL in the reward (verl `use_kl_in_reward`, `apply_kl_penalty`): the per-sample penalty subtracted from the
+    reward before the advantages, coef * sum_k mask_k KL_k(old || ref), KL_k the `kind` estimate on element k (a
+    token, or a denoising step of a flow model). verl subtracts coef * KL_k from each token's reward and its GRPO
+    sums a sequence's token rewards, which is the same total.
+
+    Args:
+        old_logp, ref_logp: [N, K] rollout-policy and reference log-probs of the rollout's elements.
+        mask: [N, K] elements that count.  coef: >= 0.  kind: "k1", "k2" or "k3".
+    Returns:
+        [N] penalty (no gradient: the rollout's log-probs are data).
+    """
+    if coef < 0:
+        raise ValueError(f"coef={coef} must be >= 0 (it is subtracted from the reward)")
+    with torch.no_grad():
+        per = kl(old_logp.detach(), ref_logp.detach(), kind, mask=mask)  # [N, K]
+        return coef * torch.where(mask.bool(), per, 0.0).sum(1)  # [N]

@@ -117,6 +117,11 @@ class AlgoConfig:
     """weight of the KL penalty to the reference policy (0 disables it and the reference pass)"""
     kl_kind: str = "k3"
     """KL estimator: k1, k2 or k3"""
+    kl_reward_coef: float = 0.0
+    """KL in the reward (verl use_kl_in_reward): each sample's reward minus this times the sum over its tokens or
+    denoising steps of the KL(rollout || reference) estimate, before the advantages; 0 disables it"""
+    kl_reward_kind: str = "k1"
+    """KL estimator of the reward penalty: k1 (verl's default "kl"), k2 or k3"""
     inner_epochs: int = 1
     """passes over each rollout batch (PPO epochs); >1 makes updates off-policy and clipping active"""
     num_minibatches: int = 1

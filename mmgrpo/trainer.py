@@ -13,9 +13,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mmgrpo import advantages, losses, sampling
+from mmgrpo import losses
 from mmgrpo.collect import Batch, collect
 from mmgrpo.config import Config
+from mmgrpo.credit import compute_advantages, kl_into_reward
 from mmgrpo.errors import RewardFailed, TrainingStopped, UserError
 from mmgrpo.runtime import (
     StopFlag,
@@ -59,44 +60,6 @@ class _Acc:
         dev = self.sums[keys[0]].device
         pairs = torch.stack([torch.stack([self.sums[k].to(dev), self.weights[k].to(dev)]) for k in keys]).tolist()
         return {k: s / w for k, (s, w) in zip(keys, pairs) if w > 0}
-
-
-def compute_advantages(run: Run, batch: Batch, progress: float) -> tuple[Tensor, Tensor, dict[str, float]]:
-    """Advantages [N_local] and the sample mask [N_local] from rewards gathered over all ranks."""
-    cfg, acc = run.cfg, run.accelerator
-    g = cfg.sample.group_size
-    name, kw = cfg.algo.advantage, dict(cfg.algo.advantage_kwargs)
-    if "progress" in inspect.signature(advantages.ADVANTAGES.get(name)).parameters:
-        kw["progress"] = progress
-    kind = advantages.ADVANTAGES.meta(name).get("input", "scalar")
-    source = batch.per_reward if kind == "multi" else batch.total  # [N, R] or [N]
-    if kind == "multi" and "weights" not in kw:
-        kw["weights"] = run.reward_set.weights.tolist()
-    rewards = all_gather(acc, source.contiguous())
-    rewards = rewards.view(-1, g, *rewards.shape[1:])  # [B, G] or [B, G, R]
-    if kind == "pairwise":  # a preference estimator fed by a pointwise reward: P_bij from the totals' order
-        rewards = advantages.prefs_from_scores(rewards)  # [B, G, G]
-    adv = advantages.compute(name, rewards, **kw).reshape(-1)  # [N]
-    use = advantages.loss_mask(name, rewards, **kw).reshape(-1)  # [N]
-    n_local = batch.total.numel()
-    lo = acc.process_index * n_local
-    adv, use = adv[lo: lo + n_local], use[lo: lo + n_local]
-    if getattr(run.policy, "wants_step_advantages", False):
-        # the rollout plan credits each decision separately (BranchGRPO trees): [N_local, K] from this rank's groups
-        adv = run.policy.step_advantages(batch.rollout, batch.total.view(-1, g))
-    use = use & batch.keep.repeat_interleave(g)
-    totals = all_gather(acc, batch.total).view(-1, g)  # [B, G]
-    stats = {"adv/mean": float(adv.mean()), "adv/std": float(adv.std()) if adv.numel() > 1 else 0.0,
-             "adv/min": float(adv.min()), "adv/max": float(adv.max()),
-             "adv/zero_std_frac": sampling.zero_std_fraction(totals),
-             "adv/kept_group_frac": float(batch.keep.float().mean())}
-    # the estimator's own: the share of the samples entering the loss that it pushes up or down (MC-GRPO's pivot,
-    # asymmetric scaling and flat groups lower it)
-    live = use if adv.dim() == 1 else use[:, None].expand_as(adv)  # [N_local] or [N_local, K] (per-step credit)
-    nonzero = (adv != 0) & live  # [N_local] or [N_local, K]
-    stats[f"adv/{name}/nonzero_frac"] = float(nonzero.sum() / live.sum().clamp(min=1))
-    stats[f"adv/{name}/used_frac"] = float(use.float().mean())
-    return adv, use, stats
 
 
 def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor, mask: Tensor,
@@ -383,6 +346,8 @@ def _learn_phase(run: Run, batch: Batch, step: int) -> tuple[dict[str, float], s
     """Steps 3-4: group-relative advantages over the global batch, then clipped updates; the reason when skipped."""
     bad = _nonfinite_rewards(run, batch)
     metrics: dict[str, float] = {}
+    if bad is None and run.cfg.algo.kl_reward_coef > 0:
+        metrics.update(kl_into_reward(run, batch))
     if bad is None:
         t0 = time.perf_counter()
         adv, use, adv_stats = compute_advantages(run, batch, progress=step / run.cfg.run.steps)

@@ -253,6 +253,13 @@ def _validate_algo(cfg: Config) -> None:
     _check_name(losses.KL, a.kl_kind, "algo.kl_kind")
     _need(a.norm_len is None or a.norm_len >= 1, f"algo.norm_len ({a.norm_len}) must be >= 1 or null")
     _need(a.kl_coef >= 0, f"algo.kl_coef ({a.kl_coef}) must be >= 0 (0 disables the KL penalty)")
+    _check_name(losses.KL, a.kl_reward_kind, "algo.kl_reward_kind")
+    _need(a.kl_reward_coef >= 0, f"algo.kl_reward_coef ({a.kl_reward_coef}) must be >= 0 (0 disables KL in the "
+                                 f"reward)")
+    _need(a.kl_reward_coef == 0 or advantages.ADVANTAGES.meta(a.advantage).get("input", "scalar") != "multi",
+          f"algo.kl_reward_coef ({a.kl_reward_coef}) penalises the total reward, which algo.advantage "
+          f"({a.advantage!r}) does not read (it takes the per-reward columns); set algo.kl_reward_coef=0 or use "
+          f"algo.kl_coef (KL in the loss)")
     _need(a.inner_epochs >= 1, f"algo.inner_epochs ({a.inner_epochs}) must be >= 1")
     _need(1 <= a.num_minibatches <= s.batch_size,
           f"algo.num_minibatches ({a.num_minibatches}) must be between 1 and sample.batch_size ({s.batch_size})")

@@ -409,3 +409,20 @@ def test_dispo_golden_four_bounds():
     assert_close(lp.grad, t([[-2.0]]))
     with pytest.raises(ValueError, match="incorrect_low"):
         losses.compute("dispo", lp, lp.detach(), t([1.0]), torch.ones(1, 1, dtype=torch.bool), incorrect_low=1.5)
+
+
+# ---------------------------------------------------------------- KL in the reward (verl use_kl_in_reward)
+
+
+def test_kl_reward_penalty_golden():
+    # sample 0: old - ref per token = [0.5, -0.5, (masked) 9] -> k1 sums 0.5 - 0.5 = 0; k3 per token with
+    # d = ref - old: e^d - 1 - d: d = -0.5 -> e^-0.5 - 0.5 = 0.10653; d = 0.5 -> e^0.5 - 1.5 = 0.14872
+    # sample 1: one token, old - ref = 1 -> k1 = 1; k3 = e^-1 - 1 + 1 = 0.36788
+    old = t([[0.0, -1.0, 5.0], [0.0, 0.0, 0.0]])
+    ref = t([[-0.5, -0.5, -4.0], [-1.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    assert_close(losses.kl_reward_penalty(old, ref, mask, coef=0.1, kind="k1"), t([0.0, 0.1]))
+    k3 = [math.exp(-0.5) - 0.5 + math.exp(0.5) - 1.5, math.exp(-1.0)]
+    assert_close(losses.kl_reward_penalty(old, ref, mask, coef=2.0, kind="k3"), t([2 * k3[0], 2 * k3[1]]))
+    with pytest.raises(ValueError, match="coef"):
+        losses.kl_reward_penalty(old, ref, mask, coef=-1.0)

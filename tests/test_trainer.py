@@ -286,3 +286,13 @@ def test_missing_tracker_is_a_user_error(monkeypatch, capsys):
     monkeypatch.setattr(validate, "_importable", lambda module: False)
     assert cli_main(["train", RECIPE, "run.trackers=[wandb]"]) == 2
     assert "'wandb' is not installed; `pip install wandb`" in capsys.readouterr().err
+
+
+def test_kl_in_the_reward_per_token(tmp_path):
+    # step 0 rolls out with the reference weights, so every token's KL(old || ref) is exactly 0; after an update
+    # the rollout policy differs and the k3 penalty (>= 0 per token) is positive. The logged reward stays raw.
+    train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=3", "algo.kl_reward_coef=0.5",
+                               "algo.kl_reward_kind=k3"]))
+    rows = _metrics(tmp_path)
+    assert rows[0]["kl/reward_penalty"] == 0.0 and rows[-1]["kl/reward_penalty"] > 0
+    assert all(r["kl/reward_coef"] == 0.5 and 0 <= r["reward/total_mean"] <= 1 for r in rows)

@@ -25,3 +25,13 @@ def test_step_weights_and_ratio_norm_need_the_guard_loss(override, value):
     assert "algo.loss=guard_clipped" in msg and f"{key}=" in msg  # the fix: either key
     cfg = load_config(FLOW, [override, "algo.loss=guard_clipped", "algo.loss_kwargs={}"])  # the fix validates
     assert cfg.algo.loss == "guard_clipped"
+
+
+def test_kl_in_reward_settings_are_checked():
+    toy = str(ROOT / "configs" / "toy_count.yaml")
+    with pytest.raises(UserError, match=r"algo.kl_reward_coef \(-0.1\) must be >= 0"):
+        load_config(toy, ["algo.kl_reward_coef=-0.1"])
+    with pytest.raises(UserError, match="algo.kl_reward_kind"):
+        load_config(toy, ["algo.kl_reward_kind=k9"])
+    with pytest.raises(UserError, match="does not read"):  # gdpo normalises the per-reward columns
+        load_config(toy, ["algo.kl_reward_coef=0.1", "algo.advantage=gdpo", "algo.advantage_kwargs={}"])
