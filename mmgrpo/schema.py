@@ -7,6 +7,7 @@ import ast
 import dataclasses
 import difflib
 import inspect
+import itertools
 import os
 import re
 import textwrap
@@ -222,7 +223,7 @@ _Yaml12Loader.add_implicit_resolver(
 
 def yaml_load(text: str) -> Any:
     """Parse YAML as recipes and overrides mean it (1.2 scalars: see _Yaml12Loader)."""
-    return yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506  (a SafeLoader subclass)
+    return yaml.load(text, Loader=_Yaml12Loader)  # safe: _Yaml12Loader is a SafeLoader subclass
 
 
 @cache
@@ -231,7 +232,7 @@ def field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body
     docs = {}
-    for node, nxt in zip(body, body[1:]):
+    for node, nxt in itertools.pairwise(body):
         if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
             docs[node.target.id] = " ".join(str(nxt.value.value).split())
     return docs

@@ -11,9 +11,9 @@ import os
 from pathlib import Path
 
 from mmgrpo import advantages, losses, sampling
-from mmgrpo.schema import Config, _coerce, read_text
 from mmgrpo.errors import UserError
 from mmgrpo.plugins import PIPELINES, RESERVED_BUILD_KWARGS, load_plugins
+from mmgrpo.schema import Config, _coerce, read_text
 
 
 def _need(cond: bool, msg: str) -> None:

@@ -85,7 +85,7 @@ def resize_crop_normalize(
     Returns:
         [N, 3, size, size] normalised (differentiable w.r.t. x).
     """
-    n, c, h, w = x.shape
+    h, w = x.shape[-2:]
     if crop:
         nh, nw = (size, int(size * w / h)) if h <= w else (int(size * h / w), size)
     else:
@@ -107,7 +107,7 @@ def sample_indices(num_total: int, num_frames: int) -> list[int]:
         raise ValueError("the video has no frames")
     if num_frames >= num_total:
         return list(range(num_total))
-    return [int(round(v)) for v in np.linspace(0, num_total - 1, num_frames)]
+    return [round(v) for v in np.linspace(0, num_total - 1, num_frames).tolist()]
 
 
 def read_frames(video: Any, num_frames: int) -> list[Image.Image]:

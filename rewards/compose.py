@@ -109,7 +109,7 @@ def _find_failing(reward: Reward, samples: list, prompts, fields: dict) -> int |
         }
         try:
             reward(samples[i : i + 1], None if prompts is None else list(prompts)[i : i + 1], **one)
-        except Exception:
+        except Exception:  # noqa: BLE001  whatever the batch raised, a sample raising alone is the culprit
             return i
     return None
 

@@ -76,7 +76,7 @@ def normalize_answer(s: str) -> str:
 def parse_number(s: str) -> Fraction | None:
     """An exact number from an answer: '3', '-2.5', '1,000', '3/4', '\\frac{3}{4}', '50%' (=1/2), '1e3'; else None."""
     t = normalize_answer(s).replace(",", "")
-    percent = t.endswith("%") or t.endswith("\\%")
+    percent = t.endswith("%")  # also "\\%"
     t = t.rstrip("%").rstrip("\\")
     m = re.fullmatch(rf"\(?({_NUM})\)?(?:/\(?({_NUM})\)?)?", t)
     if m is None:
@@ -104,7 +104,7 @@ def _math_verify_equal(pred: str, gold: str, timeout: float) -> bool | None:
     except ImportError:
         return None
     if threading.current_thread() is threading.main_thread():
-        return _math_verify_call(math_verify, pred, gold, max(1, int(math.ceil(timeout))))
+        return _math_verify_call(math_verify, pred, gold, max(1, math.ceil(timeout)))
     box: list[bool | None] = []
     worker = threading.Thread(
         target=lambda: box.append(_math_verify_call(math_verify, pred, gold, None)), daemon=True, name="math-verify"
@@ -121,7 +121,7 @@ def _math_verify_call(math_verify, pred: str, gold: str, seconds: int | None) ->
         if not g or not p:
             return None
         return bool(math_verify.verify(g, p, timeout_seconds=seconds))
-    except Exception:  # math-verify raises TimeoutException and sympy errors on hostile input: score as not equal
+    except Exception:  # noqa: BLE001  math-verify's TimeoutException or any sympy error on hostile input: not equal
         return False
 
 

@@ -71,13 +71,13 @@ class Batcher:
             try:
                 self._call(batch)
                 return
-            except Exception:  # one bad request must not fail the others: score them one by one
-                pass
+            except Exception:  # noqa: BLE001, S110  one bad request must not fail the others: the loop below
+                pass  # scores each job alone and hands it its own error
         for job in batch:
             try:
                 self._call([job])
-            except Exception as err:
-                job.error = err
+            except Exception as err:  # noqa: BLE001  the reward is arbitrary code: its error goes to the waiting
+                job.error = err  # request (a 500 reply), and this worker thread must keep serving the rest
                 job.done.set()
 
     def _call(self, jobs: list[_Job]) -> None:
@@ -229,7 +229,7 @@ class _Handler(BaseHTTPRequestHandler):
             scores = self.server.batchers[name].submit(job, self.server.timeout_s)
         except ValueError as err:  # the reward rejected the input (missing field, wrong count...)
             self._send(HTTPStatus.BAD_REQUEST, {"error": f"reward {name!r}: {err}"})
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001  any other reward failure: answer 500 naming it, never drop the reply
             self._send(
                 HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"reward {name!r} failed: {type(err).__name__}: {err}"}
             )

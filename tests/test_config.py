@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 import mmgrpo.validate as validate_mod
-
 from mmgrpo.config import Config, OptimConfig, RewardSpec, field_docs, load_config, parse_overrides
 from mmgrpo.errors import UserError
 from mmgrpo.validate import validate
@@ -158,8 +157,8 @@ def test_save_round_trip(tmp_path, monkeypatch):
     monkeypatch.setattr(validate_mod, "_importable", lambda module: True)
     cfg = load_config(TOY, [f"run.output_dir={tmp_path / 'out'}", "run.trackers=[tensorboard]",
                             "algo.norm_len=12", "algo.kl_coef=0.05", "optim.betas=[0.8, 0.9]",
-                            "rewards=[{name: toy_count, weight: 0.5, kwargs: {max_len: 8}}, "
-                            "{name: format, weight: 2}]", "pipeline.kwargs.hidden=16"])
+                            ("rewards=[{name: toy_count, weight: 0.5, kwargs: {max_len: 8}}, "
+                             "{name: format, weight: 2}]"), "pipeline.kwargs.hidden=16"])
     path = tmp_path / "saved.yaml"
     cfg.save(path)
     again = load_config(path)

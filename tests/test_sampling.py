@@ -139,7 +139,7 @@ def test_update_validation(name):
 def test_uniform_is_epoch_style():
     s = make_sampler("uniform", 10, seed=1)
     batches = [s.sample(4) for _ in range(5)]  # 20 draws = exactly 2 epochs
-    flat = sum(batches, [])
+    flat = [i for b in batches for i in b]
     assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:]) == list(range(10))
     assert all(len(set(b)) == 4 for b in batches)  # batch 3 straddles the boundary without repeats
     assert s.metrics()["sampler/epoch"] == pytest.approx(2.0)

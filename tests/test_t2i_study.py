@@ -11,8 +11,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import _t2i_study as study  # noqa: E402
-from bench import _t2i_study_report as report  # noqa: E402
+from bench import _t2i_study as study
+from bench import _t2i_study_report as report
 
 
 def _row(arm, seed, steps, strict, partial=0.5, cat_strict=None):
@@ -25,7 +25,7 @@ def _row(arm, seed, steps, strict, partial=0.5, cat_strict=None):
 def test_every_arm_is_a_valid_recipe():
     from mmgrpo import validate
 
-    for arm, overrides in study.ARMS.items():
+    for overrides in study.ARMS.values():
         validate.validate(study.load(overrides))  # raises UserError naming the field on a bad arm
 
 

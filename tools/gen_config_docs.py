@@ -13,7 +13,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from mmgrpo.schema import Config, field_docs  # noqa: E402
+from mmgrpo.schema import Config, field_docs
 
 HEADER = """# Configuration reference
 
