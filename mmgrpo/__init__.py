@@ -18,6 +18,15 @@ def train(cfg: Config):
     return _train(cfg)
 
 
-__all__ = ["ADVANTAGES", "AGGREGATIONS", "KL", "PIPELINES", "POLICY_LOSSES", "SAMPLERS", "Config", "load_config",
-           "train"]
+__all__ = [
+    "ADVANTAGES",
+    "AGGREGATIONS",
+    "KL",
+    "PIPELINES",
+    "POLICY_LOSSES",
+    "SAMPLERS",
+    "Config",
+    "load_config",
+    "train",
+]
 __version__ = "0.1.0"

@@ -54,9 +54,17 @@ def write_rank_files(root: Path, step: int, rank: int) -> None:
     torch.save(rng_state(), d / f"rng_rank{rank}.pt")
 
 
-def write_main_files(root: Path, step: int, *, weights: dict[str, torch.Tensor], state: dict[str, Any],
-                     config_yaml: str, ema: dict[str, torch.Tensor] | None = None, metrics_jsonl: str = "",
-                     export: Callable[[Path], None] | None = None) -> None:
+def write_main_files(
+    root: Path,
+    step: int,
+    *,
+    weights: dict[str, torch.Tensor],
+    state: dict[str, Any],
+    config_yaml: str,
+    ema: dict[str, torch.Tensor] | None = None,
+    metrics_jsonl: str = "",
+    export: Callable[[Path], None] | None = None,
+) -> None:
     """Rank 0: weights (safetensors), optimizer/scheduler/sampler/trainer state, the resolved config, the metrics
     logged so far and, when the policy has an `export` hook, its deployable format (e.g. a peft adapter) in export/."""
     d = tmp_dir(root, step)
@@ -97,7 +105,7 @@ def finalize(root: Path, step: int, keep_last: int, run_id: str | None = None) -
         shutil.rmtree(final)
     os.replace(d, final)
     _fsync_dir(root)
-    mine = [p for p in list_checkpoints(root) if int(p.name[len(PREFIX):]) <= step and owner(p) == run_id]
+    mine = [p for p in list_checkpoints(root) if int(p.name[len(PREFIX) :]) <= step and owner(p) == run_id]
     for old in mine[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
@@ -175,9 +183,11 @@ def latest_valid(root: Path, log=print) -> Path | None:
 def load(path: Path, rank: int) -> dict[str, Any]:
     """Everything a resume needs: weights, optional EMA, trainer state, metrics so far and this rank's RNG state."""
     metrics = path / "metrics.jsonl"
-    out = {"weights": load_file(str(path / "weights.safetensors")),
-           "state": torch.load(path / "state.pt", weights_only=False),
-           "metrics_jsonl": metrics.read_text() if metrics.is_file() else ""}
+    out = {
+        "weights": load_file(str(path / "weights.safetensors")),
+        "state": torch.load(path / "state.pt", weights_only=False),
+        "metrics_jsonl": metrics.read_text() if metrics.is_file() else "",
+    }
     if (path / "ema.safetensors").is_file():
         out["ema"] = load_file(str(path / "ema.safetensors"))
     rng = path / f"rng_rank{rank}.pt"

@@ -68,16 +68,20 @@ def cmd_train(args) -> int:
     cfg = load_config(args.config, args.overrides)
     out = train(cfg)
     if out["stopped"]:
-        print(f"stopped by {out['stopped']}: checkpoint {out['checkpoint']}; resume with: "
-              f"{resume_command(args.config, args.overrides, out['checkpoint'])}")
+        print(
+            f"stopped by {out['stopped']}: checkpoint {out['checkpoint']}; resume with: "
+            f"{resume_command(args.config, args.overrides, out['checkpoint'])}"
+        )
         return 0
     reward = out["metrics"].get("reward/total_mean")
     print(f"done: {out['run_dir']}" + (f" (last reward {reward:.4f})" if reward is not None else ""))
     return 0
 
 
-EVAL_HELP = ("score a checkpoint on held-out prompts (ckpt=latest|DIR|none, limit=, group_size=, "
-             "ablate=auto|none|blank,shuffle, samples=, ema=true)")
+EVAL_HELP = (
+    "score a checkpoint on held-out prompts (ckpt=latest|DIR|none, limit=, group_size=, "
+    "ablate=auto|none|blank,shuffle, samples=, ema=true)"
+)
 
 
 def cmd_eval(args) -> int:
@@ -88,14 +92,21 @@ def cmd_eval(args) -> int:
 
     overrides, sp = _split_special(args.overrides, ("ckpt", "group_size", "limit", "ema", "ablate", "samples"))
     cfg = load_config(args.config, overrides)
-    result, path = evaluate_run(cfg, sp.get("ckpt", "latest"), group_size=_int(sp, "group_size", 4),
-                                limit=_int(sp, "limit", 0) or None, ema=_bool(sp, "ema"),
-                                ablate=sp.get("ablate", "auto"),
-                                samples=0 if sp.get("samples", "").strip() == "0" else _int(sp, "samples", 6))
+    result, path = evaluate_run(
+        cfg,
+        sp.get("ckpt", "latest"),
+        group_size=_int(sp, "group_size", 4),
+        limit=_int(sp, "limit", 0) or None,
+        ema=_bool(sp, "ema"),
+        ablate=sp.get("ablate", "auto"),
+        samples=0 if sp.get("samples", "").strip() == "0" else _int(sp, "samples", 6),
+    )
     print(format_table(result["conditions"]["real"]))
     if len(result["conditions"]) > 1:
-        print(f"\nis it looking? the same records and seeds with real, blank and another record's pixels "
-              f"(ckpt {result['label']}, {result['group_size']} samples per record)")
+        print(
+            f"\nis it looking? the same records and seeds with real, blank and another record's pixels "
+            f"(ckpt {result['label']}, {result['group_size']} samples per record)"
+        )
         print(format_looking(result))
     report = refresh_report(path.parent.parent)
     print(f"eval results: {path}" + (f"; report: {report}" if report else ""))
@@ -111,10 +122,18 @@ def cmd_sample(args) -> int:
     cfg = load_config(args.config, overrides)
     out = sp.get("out", os.path.join(cfg.run.output_dir, "samples"))
     if not out.strip() or os.path.exists(out) and not os.path.isdir(out):
-        raise UserError(f"out={out!r} is {'empty' if not out.strip() else 'an existing file'}; samples are written "
-                        f"into a directory, e.g. out=samples/")
-    path = sample(cfg, sp.get("ckpt", "latest"), out, num_prompts=_int(sp, "n", 4),
-                  group_size=_int(sp, "group_size", 4), ema=_bool(sp, "ema"))
+        raise UserError(
+            f"out={out!r} is {'empty' if not out.strip() else 'an existing file'}; samples are written "
+            f"into a directory, e.g. out=samples/"
+        )
+    path = sample(
+        cfg,
+        sp.get("ckpt", "latest"),
+        out,
+        num_prompts=_int(sp, "n", 4),
+        group_size=_int(sp, "group_size", 4),
+        ema=_bool(sp, "ema"),
+    )
     print(f"samples written to {path}")
     return 0
 
@@ -135,9 +154,15 @@ def cmd_list(args) -> int:
     load_plugins()
     import rewards
 
-    tables = {"advantages": advantages.ADVANTAGES.describe, "losses": losses.POLICY_LOSSES.describe,
-              "aggregations": losses.AGGREGATIONS.describe, "kl": losses.KL.describe,
-              "samplers": sampling.SAMPLERS.describe, "pipelines": PIPELINES.describe, "rewards": rewards.describe}
+    tables = {
+        "advantages": advantages.ADVANTAGES.describe,
+        "losses": losses.POLICY_LOSSES.describe,
+        "aggregations": losses.AGGREGATIONS.describe,
+        "kl": losses.KL.describe,
+        "samplers": sampling.SAMPLERS.describe,
+        "pipelines": PIPELINES.describe,
+        "rewards": rewards.describe,
+    }
     kinds = list(tables) if args.kind == "all" else [args.kind]
     for kind in kinds:
         if kind not in tables:
@@ -148,9 +173,11 @@ def cmd_list(args) -> int:
     return 0
 
 
-PRETRAIN = {"shapes-t2i": ("pipelines.shapes.pretrain_t2i", []),
-            "shapes-vlm": ("pipelines.shapes.pretrain_vlm", ["--task", "vqa"]),
-            "shapes-video": ("pipelines.shapes.pretrain_vlm", ["--task", "grounding"])}
+PRETRAIN = {
+    "shapes-t2i": ("pipelines.shapes.pretrain_t2i", []),
+    "shapes-vlm": ("pipelines.shapes.pretrain_vlm", ["--task", "vqa"]),
+    "shapes-video": ("pipelines.shapes.pretrain_vlm", ["--task", "grounding"]),
+}
 """`mmgrpo pretrain NAME [args]`: the module whose main(argv) trains NAME, and the arguments it always gets"""
 
 
@@ -184,17 +211,28 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="mmgrpo", description="Group-relative policy optimisation for generators, "
-                                "VLMs and video LLMs.", epilog=EXAMPLES, formatter_class=argparse.RawTextHelpFormatter)
+    p = _Parser(
+        prog="mmgrpo",
+        description="Group-relative policy optimisation for generators, VLMs and video LLMs.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
     p.add_argument("--debug", action="store_true", help="show full tracebacks for errors")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for name, func, text in [("train", cmd_train, "train a policy from a YAML recipe (+ key.sub=value overrides)"),
-                             ("eval", cmd_eval, EVAL_HELP),
-                             ("sample", cmd_sample, "save samples of a checkpoint (ckpt=, out=, n=, ema=true)"),
-                             ("config", cmd_config, "validate a recipe and print the resolved config")]:
+    for name, func, text in [
+        ("train", cmd_train, "train a policy from a YAML recipe (+ key.sub=value overrides)"),
+        ("eval", cmd_eval, EVAL_HELP),
+        ("sample", cmd_sample, "save samples of a checkpoint (ckpt=, out=, n=, ema=true)"),
+        ("config", cmd_config, "validate a recipe and print the resolved config"),
+    ]:
         examples = "".join(line + "\n" for line in EXAMPLES.splitlines() if f" {name} " in line)
-        sp = sub.add_parser(name, help=text, description=text, epilog="examples:\n" + examples,
-                            formatter_class=argparse.RawTextHelpFormatter)
+        sp = sub.add_parser(
+            name,
+            help=text,
+            description=text,
+            epilog="examples:\n" + examples,
+            formatter_class=argparse.RawTextHelpFormatter,
+        )
         sp.add_argument("config", help="YAML recipe, e.g. configs/toy_count.yaml")
         sp.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. algo.kl_coef=0.01")
         sp.set_defaults(func=func)
@@ -203,8 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("args", nargs=argparse.REMAINDER, help="passed on, e.g. --minutes 45 --out /tmp/model")
     sp.set_defaults(func=cmd_pretrain)
     sp = sub.add_parser("list", help="list registered components with one-line descriptions")
-    sp.add_argument("kind", nargs="?", default="all",
-                    help="all, advantages, losses, aggregations, kl, samplers, pipelines, rewards")
+    sp.add_argument(
+        "kind",
+        nargs="?",
+        default="all",
+        help="all, advantages, losses, aggregations, kl, samplers, pipelines, rewards",
+    )
     sp.set_defaults(func=cmd_list)
     from mmgrpo.doctor import add_subcommand as add_doctor
 
@@ -244,8 +286,11 @@ def _resume_hint(args) -> str:
         ckpt = checkpoint.latest_valid(Path(cfg.run.output_dir) / "checkpoints", log=lambda msg: None)
     except Exception:  # noqa: BLE001  only a hint: never hide the error being reported
         return ""
-    return f"; newest checkpoint {ckpt}; resume with: {resume_command(args.config, args.overrides, ckpt)}" \
-        if ckpt is not None else ""
+    return (
+        f"; newest checkpoint {ckpt}; resume with: {resume_command(args.config, args.overrides, ckpt)}"
+        if ckpt is not None
+        else ""
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -283,8 +328,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as err:  # noqa: BLE001  a bug: still one line, and the way to see more
         if args.debug:
             traceback.print_exc()
-        print(f"mmgrpo: error: unexpected {type(err).__name__}: {_one_line(err)} (rerun with --debug for the "
-              f"traceback and report it){_resume_hint(args)}", file=sys.stderr)
+        print(
+            f"mmgrpo: error: unexpected {type(err).__name__}: {_one_line(err)} (rerun with --debug for the "
+            f"traceback and report it){_resume_hint(args)}",
+            file=sys.stderr,
+        )
         return 2
 
 

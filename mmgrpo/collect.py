@@ -77,17 +77,26 @@ def cat_rollouts(parts: list[Rollout]) -> Rollout:
         return parts[0]
     extras = {key: _cat_extras([p.extras[key] for p in parts]) for key in parts[0].extras}
     metrics = {k: sum(p.metrics.get(k, 0.0) for p in parts) / len(parts) for k in parts[0].metrics}
-    return Rollout(samples=[s for p in parts for s in p.samples],
-                   old_logp=torch.cat(_pad_dim1([p.old_logp for p in parts])),
-                   mask=torch.cat(_pad_dim1([p.mask for p in parts])), extras=extras, metrics=metrics)
+    return Rollout(
+        samples=[s for p in parts for s in p.samples],
+        old_logp=torch.cat(_pad_dim1([p.old_logp for p in parts])),
+        mask=torch.cat(_pad_dim1([p.mask for p in parts])),
+        extras=extras,
+        metrics=metrics,
+    )
 
 
 def select_groups(rollout: Rollout, groups: list[int], group_size: int) -> Rollout:
     """The rollout restricted to whole groups `groups` (in that order)."""
     idx = torch.tensor([g * group_size + j for g in groups for j in range(group_size)], dtype=torch.long)
     extras = {k: _select(v, idx, rollout.num_samples) for k, v in rollout.extras.items()}
-    return Rollout(samples=[rollout.samples[i] for i in idx.tolist()], old_logp=rollout.old_logp[idx],
-                   mask=rollout.mask[idx], extras=extras, metrics=rollout.metrics)
+    return Rollout(
+        samples=[rollout.samples[i] for i in idx.tolist()],
+        old_logp=rollout.old_logp[idx],
+        mask=rollout.mask[idx],
+        extras=extras,
+        metrics=rollout.metrics,
+    )
 
 
 def reward_fields(prompts: list[dict[str, Any]], group_size: int) -> tuple[list[Any], dict[str, list[Any]]]:
@@ -111,8 +120,10 @@ def _failure_message(err: Exception, rollout: Rollout, prompts: list[dict], g: i
     msg = " ".join(str(err).split())
     if idx is None or not 0 <= idx < rollout.num_samples:
         return msg
-    return (f"{msg} [global sample {first + idx}: prompt {prompts[idx // g].get('prompt')!r}, "
-            f"output {_sample_text(rollout.samples[idx])}]")
+    return (
+        f"{msg} [global sample {first + idx}: prompt {prompts[idx // g].get('prompt')!r}, "
+        f"output {_sample_text(rollout.samples[idx])}]"
+    )
 
 
 def _score(run, rollout: Rollout, prompts: list[dict], g: int, first: int) -> tuple[Tensor, Tensor]:
@@ -142,8 +153,10 @@ def _diversity(run, rollout: Rollout, g: int) -> Tensor:
     try:
         return sampling.distinct_1(rollout.samples, g)  # [B_local]
     except ValueError as err:
-        raise UserError(f"sample.sampler_kwargs.diversity_weight > 0: {err}; this pipeline's samples have no "
-                        f"text diversity, set diversity_weight=0") from None
+        raise UserError(
+            f"sample.sampler_kwargs.diversity_weight > 0: {err}; this pipeline's samples have no "
+            f"text diversity, set diversity_weight=0"
+        ) from None
 
 
 def _one_round(run, step: int, round_: int) -> tuple[list[int], list[dict], Rollout, Tensor, Tensor, dict]:
@@ -153,7 +166,7 @@ def _one_round(run, step: int, round_: int) -> tuple[list[int], list[dict], Roll
     b_local = b_global // acc.num_processes
     global_ids = run.sampler.sample(b_global)
     lo = acc.process_index * b_local
-    ids = global_ids[lo: lo + b_local]
+    ids = global_ids[lo : lo + b_local]
     prompts = [run.task.train_data[i] for i in ids]
     seeds = [prompt_seed(cfg.run.seed, step, round_, lo + i) for i in range(b_local)]
     t0 = time.perf_counter()
@@ -198,8 +211,10 @@ def collect(run, step: int) -> Batch:
     batch.seconds = seconds
     kept = int(batch.keep.sum())
     if cfg.sample.refill and kept < b_local:
-        run.say(f"step {step}: only {kept} of {b_local} groups had reward variance after {rounds} rollout rounds; "
-                f"training on those. Raise sample.max_refill_rounds, or check that the reward can tell samples apart")
+        run.say(
+            f"step {step}: only {kept} of {b_local} groups had reward variance after {rounds} rollout rounds; "
+            f"training on those. Raise sample.max_refill_rounds, or check that the reward can tell samples apart"
+        )
     return batch
 
 
@@ -214,6 +229,12 @@ def _assemble(parts: list[tuple], b_local: int, g: int, rounds: int) -> Batch:
     order = keep_all.nonzero().flatten().tolist() + (~keep_all).nonzero().flatten().tolist()
     chosen = order[:b_local]
     sample_idx = torch.tensor([c * g + j for c in chosen for j in range(g)], dtype=torch.long)
-    return Batch(prompt_ids=[ids[c] for c in chosen], prompts=[prompts[c] for c in chosen],
-                 rollout=select_groups(rollout, chosen, g), per_reward=per_reward[sample_idx],
-                 total=total[sample_idx], keep=keep_all[chosen], rounds=rounds)
+    return Batch(
+        prompt_ids=[ids[c] for c in chosen],
+        prompts=[prompts[c] for c in chosen],
+        rollout=select_groups(rollout, chosen, g),
+        per_reward=per_reward[sample_idx],
+        total=total[sample_idx],
+        keep=keep_all[chosen],
+        rounds=rounds,
+    )

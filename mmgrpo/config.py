@@ -36,11 +36,14 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
     if path is not None:
         p = Path(path)
         if p.is_dir():
-            raise UserError(f"config file {str(path)!r} is a directory, not a YAML file; pass a recipe such as "
-                            f"configs/toy_count.yaml")
+            raise UserError(
+                f"config file {str(path)!r} is a directory, not a YAML file; pass a recipe such as "
+                f"configs/toy_count.yaml"
+            )
         if not p.is_file():
-            raise UserError(f"config file {str(path)!r} does not exist; pass a YAML recipe such as "
-                            f"configs/toy_count.yaml")
+            raise UserError(
+                f"config file {str(path)!r} does not exist; pass a YAML recipe such as configs/toy_count.yaml"
+            )
         try:
             tree = yaml_load(read_text(p, "config file")) or {}
         except yaml.YAMLError as err:
@@ -49,8 +52,10 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
             why = getattr(err, "problem", None) or " ".join(str(err).split())
             raise UserError(f"config file {str(path)!r} is not valid YAML{at}: {why}; fix the syntax there") from None
         if not isinstance(tree, dict):
-            raise UserError(f"config file {str(path)!r} must hold a mapping of sections (run, sample, algo...), "
-                            f"not a {type(tree).__name__}; start it with e.g. `run:` on its own line")
+            raise UserError(
+                f"config file {str(path)!r} must hold a mapping of sections (run, sample, algo...), "
+                f"not a {type(tree).__name__}; start it with e.g. `run:` on its own line"
+            )
     for key, value in parse_overrides(list(overrides)):
         _set_path(tree, key, value)
     cfg = _build(Config, tree, "")

@@ -23,8 +23,10 @@ def kl_into_reward(run: Run, batch: Batch) -> dict[str, float]:
     chunks = [torch.arange(i, min(i + mb, n)) for i in range(0, n, mb)]
     refs = [run.policy.ref_logp(roll, idx) for idx in chunks]
     if refs[0] is None:
-        raise UserError(f"algo.kl_reward_coef ({a.kl_reward_coef}) needs a reference policy, which this pipeline "
-                        f"has switched off; set pipeline.kwargs.reference=auto or algo.kl_reward_coef=0")
+        raise UserError(
+            f"algo.kl_reward_coef ({a.kl_reward_coef}) needs a reference policy, which this pipeline "
+            f"has switched off; set pipeline.kwargs.reference=auto or algo.kl_reward_coef=0"
+        )
     ref = torch.cat(refs).float().cpu()  # [N_local, K]
     old = roll.old_logp.float()
     if roll.extras.get("old_logp_deferred"):  # not scored at rollout: the weights have not moved since
@@ -54,16 +56,20 @@ def compute_advantages(run: Run, batch: Batch, progress: float) -> tuple[Tensor,
     use = advantages.loss_mask(name, rewards, **kw).reshape(-1)  # [N]
     n_local = batch.total.numel()
     lo = acc.process_index * n_local
-    adv, use = adv[lo: lo + n_local], use[lo: lo + n_local]
+    adv, use = adv[lo : lo + n_local], use[lo : lo + n_local]
     if getattr(run.policy, "wants_step_advantages", False):
         # the rollout plan credits each decision separately (BranchGRPO trees): [N_local, K] from this rank's groups
         adv = run.policy.step_advantages(batch.rollout, batch.total.view(-1, g))
     use = use & batch.keep.repeat_interleave(g)
     totals = all_gather(acc, batch.total).view(-1, g)  # [B, G]
-    stats = {"adv/mean": float(adv.mean()), "adv/std": float(adv.std()) if adv.numel() > 1 else 0.0,
-             "adv/min": float(adv.min()), "adv/max": float(adv.max()),
-             "adv/zero_std_frac": sampling.zero_std_fraction(totals),
-             "adv/kept_group_frac": float(batch.keep.float().mean())}
+    stats = {
+        "adv/mean": float(adv.mean()),
+        "adv/std": float(adv.std()) if adv.numel() > 1 else 0.0,
+        "adv/min": float(adv.min()),
+        "adv/max": float(adv.max()),
+        "adv/zero_std_frac": sampling.zero_std_fraction(totals),
+        "adv/kept_group_frac": float(batch.keep.float().mean()),
+    }
     # the estimator's own: the share of the samples entering the loss that it pushes up or down (MC-GRPO's pivot,
     # asymmetric scaling and flat groups lower it)
     live = use if adv.dim() == 1 else use[:, None].expand_as(adv)  # [N_local] or [N_local, K] (per-step credit)

@@ -22,8 +22,15 @@ ROOT = Path(__file__).resolve().parent.parent
 FLOW = "configs/flow/sd3_tiny_cpu.yaml"
 VLM = "configs/vlm/shapes_vqa.yaml"
 TINY_FLOW = ("sample.batch_size=4", "sample.group_size=2", "algo.micro_batch_size=2")
-TINY_VLM = ("pipeline.kwargs.model=tiny-random-qwen2-vl", "pipeline.kwargs.train_size=8", "pipeline.kwargs.eval_size=4",
-            "pipeline.kwargs.max_new_tokens=8", "sample.batch_size=4", "sample.group_size=2", "algo.micro_batch_size=2")
+TINY_VLM = (
+    "pipeline.kwargs.model=tiny-random-qwen2-vl",
+    "pipeline.kwargs.train_size=8",
+    "pipeline.kwargs.eval_size=4",
+    "pipeline.kwargs.max_new_tokens=8",
+    "sample.batch_size=4",
+    "sample.group_size=2",
+    "algo.micro_batch_size=2",
+)
 
 
 @dataclass(frozen=True)
@@ -46,12 +53,19 @@ def probe() -> Caps:
     cuda = torch.cuda.is_available()
     gpus = torch.cuda.device_count() if cuda else 0
     packages = frozenset(p for p in ("xformers", "flash_attn", "vllm") if importlib.util.find_spec(p) is not None)
-    return Caps(cuda=cuda, gpus=gpus, bf16=cuda and torch.cuda.is_bf16_supported(),
-                nccl=torch.distributed.is_available() and torch.distributed.is_nccl_available(),
-                packages=packages, device=torch.cuda.get_device_name(0) if cuda else "")
+    return Caps(
+        cuda=cuda,
+        gpus=gpus,
+        bf16=cuda and torch.cuda.is_bf16_supported(),
+        nccl=torch.distributed.is_available() and torch.distributed.is_nccl_available(),
+        packages=packages,
+        device=torch.cuda.get_device_name(0) if cuda else "",
+    )
 
 
-def _needs(*, bf16: bool = False, gpus: int = 1, nccl: bool = False, package: str = "") -> Callable[[Caps], str | None]:
+def _needs(
+    *, bf16: bool = False, gpus: int = 1, nccl: bool = False, package: str = ""
+) -> Callable[[Caps], str | None]:
     """A requirement test: None when `caps` meets it, else the reason the check is skipped."""
 
     def why_not(caps: Caps) -> str | None:
@@ -83,15 +97,26 @@ class Check:
 
 CHECKS = (
     Check("flow bf16 autocast", FLOW, (*TINY_FLOW, "run.mixed_precision=bf16"), _needs(bf16=True)),
-    Check("flow xformers attention", FLOW, (*TINY_FLOW, "pipeline.kwargs.attention=xformers"),
-          _needs(package="xformers")),
+    Check(
+        "flow xformers attention", FLOW, (*TINY_FLOW, "pipeline.kwargs.attention=xformers"), _needs(package="xformers")
+    ),
     Check("vlm bf16 autocast", VLM, (*TINY_VLM, "run.mixed_precision=bf16"), _needs(bf16=True)),
-    Check("vlm flash attention 2", VLM, (*TINY_VLM, "pipeline.kwargs.attn_implementation=flash_attention_2",
-                                         "pipeline.kwargs.model_dtype=bfloat16"), _needs(bf16=True, package="flash_attn")),
+    Check(
+        "vlm flash attention 2",
+        VLM,
+        (*TINY_VLM, "pipeline.kwargs.attn_implementation=flash_attention_2", "pipeline.kwargs.model_dtype=bfloat16"),
+        _needs(bf16=True, package="flash_attn"),
+    ),
     Check("vlm vLLM rollout", VLM, (*TINY_VLM, "pipeline.kwargs.rollout_backend=vllm"), _needs(package="vllm")),
     Check("flow DDP over NCCL (2 GPUs)", FLOW, TINY_FLOW, _needs(gpus=2, nccl=True), "configs/accelerate/ddp.yaml", 2),
-    Check("vlm FSDP2 over NCCL (2 GPUs)", VLM, TINY_VLM, _needs(gpus=2, nccl=True, bf16=True),
-          "configs/accelerate/fsdp.yaml", 2),
+    Check(
+        "vlm FSDP2 over NCCL (2 GPUs)",
+        VLM,
+        TINY_VLM,
+        _needs(gpus=2, nccl=True, bf16=True),
+        "configs/accelerate/fsdp.yaml",
+        2,
+    ),
 )
 
 
@@ -106,8 +131,16 @@ def command(check: Check, out_dir: str | Path, steps: int = 2) -> list[str]:
     train = ["-m", "mmgrpo.cli", "train", check.config, *check.overrides, *run]
     if check.accelerate is None:
         return [sys.executable, *train]
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", check.accelerate,
-            "--num_processes", str(check.gpus), *train]
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        check.accelerate,
+        "--num_processes",
+        str(check.gpus),
+        *train,
+    ]
 
 
 @dataclass
@@ -127,8 +160,9 @@ def run_check(check: Check, work: Path, *, steps: int, timeout: float) -> Result
     start = time.perf_counter()
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
     try:
-        proc = subprocess.run(command(check, out, steps), cwd=ROOT, env=env, capture_output=True, text=True, check=False,
-                              timeout=timeout)
+        proc = subprocess.run(
+            command(check, out, steps), cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=timeout
+        )
     except subprocess.TimeoutExpired:
         return Result(check.name, "FAILED", f"no result within {timeout:g} s", time.perf_counter() - start)
     seconds = time.perf_counter() - start
@@ -154,12 +188,17 @@ def cmd_doctor(args: argparse.Namespace, caps: Caps | None = None) -> int:
     """Print the table (or the CPU line); exit 0 when nothing failed, 1 otherwise."""
     caps = caps or probe()
     if not caps.cuda:
-        print("mmgrpo doctor: no CUDA device here (torch sees none), so the CUDA-only paths (bf16 autocast, xformers, "
-              "flash attention, DDP/FSDP over NCCL, vLLM) cannot run; CPU training is unaffected")
+        print(
+            "mmgrpo doctor: no CUDA device here (torch sees none), so the CUDA-only paths (bf16 autocast, xformers, "
+            "flash attention, DDP/FSDP over NCCL, vLLM) cannot run; CPU training is unaffected"
+        )
         return 0
     checks = tuple(c for c in CHECKS if not args.only or any(o in c.name for o in args.only))
-    print(f"mmgrpo doctor: {caps.gpus} x {caps.device}; optional packages: "
-          f"{', '.join(sorted(caps.packages)) or 'none'}; {args.steps} steps per path", flush=True)
+    print(
+        f"mmgrpo doctor: {caps.gpus} x {caps.device}; optional packages: "
+        f"{', '.join(sorted(caps.packages)) or 'none'}; {args.steps} steps per path",
+        flush=True,
+    )
     work = Path(tempfile.mkdtemp(prefix="mmgrpo-doctor-"))
     results = []
     for check, reason in plan(caps, checks):

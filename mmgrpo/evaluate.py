@@ -24,28 +24,34 @@ SAMPLE_GROUP = 4
 
 
 def resolve_checkpoint(cfg: Config, ckpt: str | None) -> Path | None:
-    """"latest" (newest valid in run.output_dir), a checkpoint directory, or None for the untrained policy."""
+    """ "latest" (newest valid in run.output_dir), a checkpoint directory, or None for the untrained policy."""
     if ckpt in (None, "", "none"):
         return None
     if ckpt == "latest":
         path = checkpoint.latest_valid(Path(cfg.run.output_dir) / "checkpoints")
         if path is None:
-            raise UserError(f"ckpt=latest: no valid checkpoint under {cfg.run.output_dir}/checkpoints; train first "
-                            f"or pass ckpt=<checkpoint dir>")
+            raise UserError(
+                f"ckpt=latest: no valid checkpoint under {cfg.run.output_dir}/checkpoints; train first "
+                f"or pass ckpt=<checkpoint dir>"
+            )
         return path
     path = Path(ckpt)
     reason = checkpoint.check(path) if path.is_dir() else "no such directory"
     if reason:
-        raise UserError(f"ckpt ({ckpt!r}) is not a valid checkpoint: {reason}; pass a directory such as "
-                        f"{cfg.run.output_dir}/checkpoints/step_00000060, or ckpt=latest")
+        raise UserError(
+            f"ckpt ({ckpt!r}) is not a valid checkpoint: {reason}; pass a directory such as "
+            f"{cfg.run.output_dir}/checkpoints/step_00000060, or ckpt=latest"
+        )
     return path
 
 
 def _load(cfg: Config, ckpt: str | None, ema: bool = False):
     path = resolve_checkpoint(cfg, ckpt)  # before building the model, so a bad path fails at once
     if ema and (path is None or not (path / "ema.safetensors").is_file()):
-        raise UserError(f"ema=true: checkpoint {str(path) if path else ckpt!r} holds no EMA weights; train with "
-                        f"optim.ema_decay>0 (e.g. 0.99) or drop ema=true")
+        raise UserError(
+            f"ema=true: checkpoint {str(path) if path else ckpt!r} holds no EMA weights; train with "
+            f"optim.ema_decay>0 (e.g. 0.99) or drop ema=true"
+        )
     device = torch.device("cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu")
     task = build_task(cfg, device)
     if hasattr(task.policy, "for_evaluation"):
@@ -56,13 +62,23 @@ def _load(cfg: Config, ckpt: str | None, ema: bool = False):
         if ema:  # EMA keys are the module's parameter names (see setup): overwrite the trainable weights with them
             unexpected = task.module.load_state_dict(data["ema"], strict=False).unexpected_keys
             if unexpected:
-                raise UserError(f"ema=true: EMA weights of {str(path)!r} do not fit this model (e.g. "
-                                f"{unexpected[0]!r}); use the recipe the checkpoint was trained with")
+                raise UserError(
+                    f"ema=true: EMA weights of {str(path)!r} do not fit this model (e.g. "
+                    f"{unexpected[0]!r}); use the recipe the checkpoint was trained with"
+                )
     return task, device, path
 
 
-def _rollout_scored(cfg: Config, task, reward_set, records: list[dict[str, Any]], group_size: int, *,
-                    first_seed: int = 0, step: int = -1):
+def _rollout_scored(
+    cfg: Config,
+    task,
+    reward_set,
+    records: list[dict[str, Any]],
+    group_size: int,
+    *,
+    first_seed: int = 0,
+    step: int = -1,
+):
     seeds = [prompt_seed(cfg.run.seed, step, 0, first_seed + i) for i in range(len(records))]
     rollout = task.policy.rollout(records, group_size, seeds)
     texts, fields = reward_fields(records, group_size)
@@ -71,13 +87,14 @@ def _rollout_scored(cfg: Config, task, reward_set, records: list[dict[str, Any]]
     return rollout, per_reward, total
 
 
-def _scores(cfg: Config, task, reward_set, records: list[dict[str, Any]], group_size: int,
-            batch_prompts: int) -> np.ndarray:
+def _scores(
+    cfg: Config, task, reward_set, records: list[dict[str, Any]], group_size: int, batch_prompts: int
+) -> np.ndarray:
     """Every reward and the weighted total of each sample: [len(records), G, R + 1] float64 (reward_set.names order,
     then "total"). Rollout seeds depend on the position in a batch only, so any condition gets the same ones."""
     out = []
     for lo in range(0, len(records), batch_prompts):
-        chunk = records[lo: lo + batch_prompts]
+        chunk = records[lo : lo + batch_prompts]
         _, per_reward, total = _rollout_scored(cfg, task, reward_set, chunk, group_size)
         s = torch.cat([per_reward.double().cpu(), total.double().cpu()[:, None]], 1)  # [b * G, R + 1]
         out.append(s.reshape(len(chunk), group_size, -1).numpy())  # [b, G, R + 1]
@@ -85,17 +102,33 @@ def _scores(cfg: Config, task, reward_set, records: list[dict[str, Any]], group_
 
 
 @torch.no_grad()
-def evaluate(cfg: Config, ckpt: str | None = None, *, group_size: int = 4, limit: int | None = None,
-             batch_prompts: int = 16, ema: bool = False) -> dict[str, dict[str, float]]:
+def evaluate(
+    cfg: Config,
+    ckpt: str | None = None,
+    *,
+    group_size: int = 4,
+    limit: int | None = None,
+    batch_prompts: int = 16,
+    ema: bool = False,
+) -> dict[str, dict[str, float]]:
     """Mean of every reward per prompt category ("all" plus each record's "category") on the eval prompts."""
-    return evaluate_conditions(cfg, ckpt, group_size=group_size, limit=limit, batch_prompts=batch_prompts,
-                               ema=ema)["conditions"]["real"]
+    return evaluate_conditions(cfg, ckpt, group_size=group_size, limit=limit, batch_prompts=batch_prompts, ema=ema)[
+        "conditions"
+    ]["real"]
 
 
 @torch.no_grad()
-def evaluate_conditions(cfg: Config, ckpt: str | None = None, *, ablate: str = "none", group_size: int = 4,
-                        limit: int | None = None, batch_prompts: int = 16, ema: bool = False,
-                        samples: int = 0) -> dict[str, Any]:
+def evaluate_conditions(
+    cfg: Config,
+    ckpt: str | None = None,
+    *,
+    ablate: str = "none",
+    group_size: int = 4,
+    limit: int | None = None,
+    batch_prompts: int = 16,
+    ema: bool = False,
+    samples: int = 0,
+) -> dict[str, Any]:
     """`evaluate` with the real inputs and with each visual ablation on the same records and rollout seeds, the
     paired tests of each ablation against the real inputs, and (samples > 0) gallery items of `samples` records
     spread over the eval set, for the report's before/after samples.
@@ -108,15 +141,18 @@ def evaluate_conditions(cfg: Config, ckpt: str | None = None, *, ablate: str = "
     task, device, path = _load(cfg, ckpt, ema)
     reward_set = build_rewards(cfg, task, device)
     records = (task.eval_data or task.train_data)[:limit]
-    pixels = hasattr(task.policy, "ablate_records") and any(r.get(k) is not None for r in records
-                                                           for k in ("image", "video"))
+    pixels = hasattr(task.policy, "ablate_records") and any(
+        r.get(k) is not None for r in records for k in ("image", "video")
+    )
     try:
         ablations = looking.parse_ablate(ablate, pixels)
     except ValueError as err:
         raise UserError(str(err)) from None
     if ablations and not pixels:
-        raise UserError(f"ablate={ablate}: pipeline {cfg.pipeline.name!r} has no images or videos to "
-                        f"ablate; use it with vlm or video recipes, or pass ablate=none")
+        raise UserError(
+            f"ablate={ablate}: pipeline {cfg.pipeline.name!r} has no images or videos to "
+            f"ablate; use it with vlm or video recipes, or pass ablate=none"
+        )
     names = [*reward_set.names, "total"]
     scores = {"real": _scores(cfg, task, reward_set, records, group_size, batch_prompts)}
     with tempfile.TemporaryDirectory(prefix="mmgrpo-ablate-") as workdir:
@@ -128,16 +164,21 @@ def evaluate_conditions(cfg: Config, ckpt: str | None = None, *, ablate: str = "
             scores[looking.CONDITIONS[name]] = _scores(cfg, task, reward_set, ablated, group_size, batch_prompts)
     cats = [str(r.get("category", "all")) for r in records]
     label = ("base" if path is None else path.name) + ("_ema" if ema else "")
-    return {"ckpt": str(path) if path is not None else "none", "label": label, "seed": cfg.run.seed,
-            "group_size": group_size, "records": len(records),
-            "conditions": {c: looking.category_table(s, cats, names) for c, s in scores.items()},
-            "tests": looking.paired_tests(scores, cats, names),
-            "items": _sample_items(cfg, task, reward_set, records, samples, SAMPLE_GROUP)
-            if samples else []}
+    return {
+        "ckpt": str(path) if path is not None else "none",
+        "label": label,
+        "seed": cfg.run.seed,
+        "group_size": group_size,
+        "records": len(records),
+        "conditions": {c: looking.category_table(s, cats, names) for c, s in scores.items()},
+        "tests": looking.paired_tests(scores, cats, names),
+        "items": _sample_items(cfg, task, reward_set, records, samples, SAMPLE_GROUP) if samples else [],
+    }
 
 
-def _sample_items(cfg: Config, task, reward_set, records: list[dict[str, Any]], k: int,
-                  group_size: int) -> list[dict[str, Any]]:
+def _sample_items(
+    cfg: Config, task, reward_set, records: list[dict[str, Any]], k: int, group_size: int
+) -> list[dict[str, Any]]:
     """Gallery items of k records spread over the eval set, one rollout per record at fixed seeds (the same for
     every checkpoint, so a report can show before and after on the same prompts and seeds), with an input preview."""
     picks = records[:: max(1, len(records) // k)][:k]
@@ -147,8 +188,10 @@ def _sample_items(cfg: Config, task, reward_set, records: list[dict[str, Any]], 
         if hasattr(task.policy, "gallery"):
             got = task.policy.gallery(rollout, [rec], total)[:group_size]
         else:
-            got = [{"prompt": str(rec.get("prompt")), "text": str(s), "reward": float(r)}
-                   for s, r in zip(rollout.samples, total.tolist())]
+            got = [
+                {"prompt": str(rec.get("prompt")), "text": str(s), "reward": float(r)}
+                for s, r in zip(rollout.samples, total.tolist())
+            ]
         if got and not ({"image", "frames"} & set(got[0])) and hasattr(task.policy, "preview"):
             got[0].update(task.policy.preview(rec))
         truth = rec.get("answers", rec.get("spans"))
@@ -161,8 +204,9 @@ def _sample_items(cfg: Config, task, reward_set, records: list[dict[str, Any]], 
     return items
 
 
-def evaluate_run(cfg: Config, ckpt: str | None = None, *, out_dir: str | Path | None = None,
-                 **kwargs: Any) -> tuple[dict[str, Any], Path]:
+def evaluate_run(
+    cfg: Config, ckpt: str | None = None, *, out_dir: str | Path | None = None, **kwargs: Any
+) -> tuple[dict[str, Any], Path]:
     """`evaluate_conditions`, saved for scripts and the report: <out_dir>/eval/<label>.json (tables, paired tests)
     and <out_dir>/eval/<label>_samples/ (gallery); out_dir defaults to run.output_dir. Returns (result, json path)."""
     result = evaluate_conditions(cfg, ckpt, **kwargs)
@@ -175,8 +219,9 @@ def evaluate_run(cfg: Config, ckpt: str | None = None, *, out_dir: str | Path | 
         path = root / f"{result['label']}.json"
         path.write_text(json.dumps(result, indent=1))
     except OSError as err:
-        raise UserError(f"cannot write the eval results under {str(root)!r} ({err.strerror}); pass a writable "
-                        f"run.output_dir=DIR") from None
+        raise UserError(
+            f"cannot write the eval results under {str(root)!r} ({err.strerror}); pass a writable run.output_dir=DIR"
+        ) from None
     return result, path
 
 
@@ -190,8 +235,9 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 
 
 @torch.no_grad()
-def sample(cfg: Config, ckpt: str | None, out_dir: str, *, num_prompts: int = 4, group_size: int = 4,
-           ema: bool = False) -> Path:
+def sample(
+    cfg: Config, ckpt: str | None, out_dir: str, *, num_prompts: int = 4, group_size: int = 4, ema: bool = False
+) -> Path:
     """Roll out a few eval prompts and save them as a gallery (PNGs or texts with their rewards)."""
     task, device, _ = _load(cfg, ckpt, ema)
     reward_set = build_rewards(cfg, task, device)
@@ -200,6 +246,8 @@ def sample(cfg: Config, ckpt: str | None, out_dir: str, *, num_prompts: int = 4,
     if hasattr(task.policy, "gallery"):
         items = task.policy.gallery(rollout, records, total)
     else:
-        items = [{"prompt": str(records[i // group_size].get("prompt")), "text": str(s), "reward": float(r)}
-                 for i, (s, r) in enumerate(zip(rollout.samples, total.tolist()))]
+        items = [
+            {"prompt": str(records[i // group_size].get("prompt")), "text": str(s), "reward": float(r)}
+            for i, (s, r) in enumerate(zip(rollout.samples, total.tolist()))
+        ]
     return save_gallery(Path(out_dir), items)

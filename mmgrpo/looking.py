@@ -1,4 +1,4 @@
-""""Is it looking?": per-category tables of eval scores under real / blank / shuffled visual inputs, and their paired
+""" "Is it looking?": per-category tables of eval scores under real / blank / shuffled visual inputs, and their paired
 tests (mmgrpo/stats.py). Pure functions on score arrays; the rollouts are mmgrpo/evaluate.py's.
 """
 
@@ -23,13 +23,14 @@ def parse_ablate(value: str, has_pixels: bool) -> tuple[str, ...]:
     names = tuple(dict.fromkeys(v.strip() for v in value.split(",") if v.strip()))
     bad = [n for n in names if n not in CONDITIONS]
     if bad:
-        raise ValueError(f"ablate={value!r}: unknown ablation {bad[0]!r}; use auto, none, blank, shuffle or "
-                         f"blank,shuffle")
+        raise ValueError(
+            f"ablate={value!r}: unknown ablation {bad[0]!r}; use auto, none, blank, shuffle or blank,shuffle"
+        )
     return names
 
 
 def _categories(cats: list[str]) -> dict[str, np.ndarray]:
-    """"all" (every record) first, then each category in order; an uncategorised set has only "all"."""
+    """ "all" (every record) first, then each category in order; an uncategorised set has only "all"."""
     rows = {"all": np.arange(len(cats))}
     for c in sorted(set(cats) - {"all"}):
         rows[c] = np.array([i for i, x in enumerate(cats) if x == c])
@@ -55,8 +56,10 @@ def paired_tests(scores: dict[str, np.ndarray], cats: list[str], names: list[str
         if cond == "real":
             continue
         other = s.mean(1)  # [records, M]
-        out[cond] = {cat: {name: paired_test(real[rows, m], other[rows, m]) for m, name in enumerate(names)}
-                     for cat, rows in _categories(cats).items()}
+        out[cond] = {
+            cat: {name: paired_test(real[rows, m], other[rows, m]) for m, name in enumerate(names)}
+            for cat, rows in _categories(cats).items()
+        }
     return out
 
 
@@ -73,8 +76,11 @@ def looking_rows(result: dict[str, Any], metrics: list[str] | None = None) -> li
     rows = []
     for cat in real:
         for name in names:
-            row = {"category": cat, "metric": name,
-                   "records": result["tests"][conds[1]][cat][name]["n"] if len(conds) > 1 else real[cat]["n"]}
+            row = {
+                "category": cat,
+                "metric": name,
+                "records": result["tests"][conds[1]][cat][name]["n"] if len(conds) > 1 else real[cat]["n"],
+            }
             row |= {c: result["conditions"][c][cat][name] for c in conds}
             for c in conds[1:]:
                 t = result["tests"][c][cat][name]

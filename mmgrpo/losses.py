@@ -26,20 +26,28 @@ def _float_dtype(t: Tensor) -> torch.dtype:
 def _check_inputs(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     """Validate shapes; return the bool mask [N, K] and adv as [N, K] with masked elements zeroed (no NaN leaks)."""
     if logp.dim() != 2:
-        raise ValueError(f"logp must be [N, K] (sequences x tokens or denoising steps), got shape "
-                         f"{tuple(logp.shape)}; for one element per sample pass logp.unsqueeze(-1)")
+        raise ValueError(
+            f"logp must be [N, K] (sequences x tokens or denoising steps), got shape "
+            f"{tuple(logp.shape)}; for one element per sample pass logp.unsqueeze(-1)"
+        )
     if old_logp.shape != logp.shape:
-        raise ValueError(f"old_logp {tuple(old_logp.shape)} != logp {tuple(logp.shape)}: both are per-element "
-                         f"log-probs of the same rollout; recompute old_logp over the same [N, K] elements")
+        raise ValueError(
+            f"old_logp {tuple(old_logp.shape)} != logp {tuple(logp.shape)}: both are per-element "
+            f"log-probs of the same rollout; recompute old_logp over the same [N, K] elements"
+        )
     if mask.shape != logp.shape:
-        raise ValueError(f"mask {tuple(mask.shape)} != logp {tuple(logp.shape)}: the mask marks which of logp's "
-                         f"elements count; build it with logp's [N, K] shape")
+        raise ValueError(
+            f"mask {tuple(mask.shape)} != logp {tuple(logp.shape)}: the mask marks which of logp's "
+            f"elements count; build it with logp's [N, K] shape"
+        )
     n, k = logp.shape
     if adv.shape == (n,):
         adv = adv[:, None].expand(n, k)  # [N, K]
     elif adv.shape != (n, k):
-        raise ValueError(f"adv {tuple(adv.shape)} must be [N]=({n},) or [N, K]=({n}, {k}) to match logp "
-                         f"{tuple(logp.shape)}; pass one advantage per sequence or one per element")
+        raise ValueError(
+            f"adv {tuple(adv.shape)} must be [N]=({n},) or [N, K]=({n}, {k}) to match logp "
+            f"{tuple(logp.shape)}; pass one advantage per sequence or one per element"
+        )
     valid = mask.bool()  # [N, K]
     dtype = _float_dtype(logp)
     return valid, torch.where(valid, adv.to(dtype), 0.0)  # [N, K]
@@ -59,6 +67,22 @@ def _ratio_metrics(ratio: Tensor, log_ratio: Tensor, valid: Tensor) -> dict[str,
         "ratio/std": _masked_mean((ratio - mean) ** 2, valid).sqrt(),
         "kl/old_approx": _masked_mean(lr.exp() - 1 - lr, valid),
     }
+
+
+def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None, level: str) -> None:
+    for name, value in (("clip_low", clip_low), ("clip_high", clip_high)):
+        if value < 0:
+            raise ValueError(
+                f"{name} must be >= 0 (the ratio is clipped to [1 - clip_low, 1 + clip_high]), "
+                f"got {value}; use e.g. 0.2"
+            )
+    if dual_clip is not None and dual_clip <= 1:
+        raise ValueError(
+            f"dual_clip must be > 1 (it bounds negative-advantage losses at -dual_clip*A, above the "
+            f"clipped range), got {dual_clip}; use 3.0 as verl does, or None to disable it"
+        )
+    if level not in ("token", "sequence"):
+        raise ValueError(f"level must be 'token' (per-element ratio) or 'sequence' (GSPO), got {level!r}")
 
 
 @POLICY_LOSSES.register("clipped")
@@ -105,15 +129,7 @@ def policy_loss(
         kl/old_approx (k3 estimate of KL(pi_old || pi_theta): mean of r - 1 - log r over token log-ratios).
     """
     valid, adv = _check_inputs(logp, old_logp, adv, mask)
-    for name, value in (("clip_low", clip_low), ("clip_high", clip_high)):
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0 (the ratio is clipped to [1 - clip_low, 1 + clip_high]), "
-                             f"got {value}; use e.g. 0.2")
-    if dual_clip is not None and dual_clip <= 1:
-        raise ValueError(f"dual_clip must be > 1 (it bounds negative-advantage losses at -dual_clip*A, above the "
-                         f"clipped range), got {dual_clip}; use 3.0 as verl does, or None to disable it")
-    if level not in ("token", "sequence"):
-        raise ValueError(f"level must be 'token' (per-element ratio) or 'sequence' (GSPO), got {level!r}")
+    _check_clip(clip_low, clip_high, dual_clip, level)
     dtype = _float_dtype(logp)
     log_ratio = torch.where(valid, logp.to(dtype) - old_logp.to(dtype), 0.0)  # [N, K]
     used = log_ratio
@@ -134,6 +150,23 @@ def policy_loss(
         metrics["clip/lower_frac"] = _masked_mean(((adv < 0) & (r < 1 - clip_low)).to(dtype), valid)
         metrics["clip/dual_frac"] = _masked_mean(dual.to(dtype), valid)
     return loss, metrics
+
+
+def _check_reg(n: int, group_size: int | None, reduce: str, eps: float, ddof: int) -> None:
+    if group_size is None or group_size < 1 or n % group_size:
+        raise ValueError(
+            f"reg_grpo needs group_size (G samples per prompt, consecutive) dividing N={n}, got "
+            f"group_size={group_size}; pass loss_kwargs group_size=sample.group_size and keep whole "
+            f"groups in each micro-batch"
+        )
+    if reduce not in ("sum", "mean"):
+        raise ValueError(
+            f"reduce must be 'sum' (log sequence ratio, the paper) or 'mean' (per-token mean), got {reduce!r}"
+        )
+    if eps < 0 or ddof not in (0, 1):
+        raise ValueError(
+            f"reg_grpo needs eps >= 0 and ddof in (0, 1), got eps={eps}, ddof={ddof}; use eps=1e-4, ddof=1"
+        )
 
 
 @POLICY_LOSSES.register("reg_grpo")
@@ -178,16 +211,7 @@ def reg_grpo(
     """
     valid, adv = _check_inputs(logp, old_logp, adv, mask)
     n = logp.shape[0]
-    if group_size is None or group_size < 1 or n % group_size:
-        raise ValueError(f"reg_grpo needs group_size (G samples per prompt, consecutive) dividing N={n}, got "
-                         f"group_size={group_size}; pass loss_kwargs group_size=sample.group_size and keep whole "
-                         f"groups in each micro-batch")
-    if reduce not in ("sum", "mean"):
-        raise ValueError(f"reduce must be 'sum' (log sequence ratio, the paper) or 'mean' (per-token mean), "
-                         f"got {reduce!r}")
-    if eps < 0 or ddof not in (0, 1):
-        raise ValueError(f"reg_grpo needs eps >= 0 and ddof in (0, 1), got eps={eps}, ddof={ddof}; "
-                         f"use eps=1e-4, ddof=1")
+    _check_reg(n, group_size, reduce, eps, ddof)
     dtype = _float_dtype(logp)
     log_ratio = torch.where(valid, logp.to(dtype) - old_logp.to(dtype), 0.0)  # [N, K]
     count = valid.sum(-1).to(dtype)  # [N]
@@ -260,19 +284,25 @@ def _seq_mean_token_sum_norm(
 def _agg_parts(loss: Tensor, mask: Tensor, mode: str, norm_len: float | None) -> tuple[Tensor, Tensor | None]:
     fn = AGGREGATIONS.get(mode)
     if mask.shape != loss.shape or loss.dim() != 2:
-        raise ValueError(f"mask {tuple(mask.shape)} != loss {tuple(loss.shape)}: aggregate takes the [N, K] loss "
-                         f"and the same-shape mask it was computed with")
+        raise ValueError(
+            f"mask {tuple(mask.shape)} != loss {tuple(loss.shape)}: aggregate takes the [N, K] loss "
+            f"and the same-shape mask it was computed with"
+        )
     if norm_len is not None and not norm_len > 0:
-        raise ValueError(f"norm_len must be > 0 (the constant length of Dr. GRPO's N x norm_len), got {norm_len}; "
-                         f"use the maximum response length or number of trained steps")
+        raise ValueError(
+            f"norm_len must be > 0 (the constant length of Dr. GRPO's N x norm_len), got {norm_len}; "
+            f"use the maximum response length or number of trained steps"
+        )
     valid = mask.bool()
     num, den = fn(torch.where(valid, loss, 0.0), valid, norm_len=norm_len)
     return num, den
 
 
 def _missing_norm_len() -> ValueError:
-    return ValueError("seq_mean_token_sum_norm needs norm_len (Dr. GRPO divides by N x norm_len, a constant), got "
-                      "None; pass norm_len=max response length (or trained steps), or denom=denominator(...)")
+    return ValueError(
+        "seq_mean_token_sum_norm needs norm_len (Dr. GRPO divides by N x norm_len, a constant), got "
+        "None; pass norm_len=max response length (or trained steps), or denom=denominator(...)"
+    )
 
 
 def denominator(mask: Tensor, mode: str, *, norm_len: float | None = None) -> Tensor:
@@ -355,9 +385,7 @@ def _k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
     return d.exp() - d - 1
 
 
-def kl(
-    logp: Tensor, ref_logp: Tensor, kind: str, *, mask: Tensor | None = None, clamp: float | None = None
-) -> Tensor:
+def kl(logp: Tensor, ref_logp: Tensor, kind: str, *, mask: Tensor | None = None, clamp: float | None = None) -> Tensor:
     """Per-element estimate of KL(pi_theta || pi_ref) from samples of pi_theta (Schulman's k1, k2, k3).
 
     Paper/blog: http://joschu.net/blog/kl-approx.html; k3 is what TRL (beta > 0) and verl/EasyR1 (low_var_kl) put
@@ -380,16 +408,19 @@ def kl(
     """
     fn = KL.get(kind)
     if ref_logp.shape != logp.shape:
-        raise ValueError(f"ref_logp {tuple(ref_logp.shape)} != logp {tuple(logp.shape)}: the KL is per element; "
-                         f"score the same [N, K] elements under the reference policy")
+        raise ValueError(
+            f"ref_logp {tuple(ref_logp.shape)} != logp {tuple(logp.shape)}: the KL is per element; "
+            f"score the same [N, K] elements under the reference policy"
+        )
     if clamp is not None and not clamp > 0:
         raise ValueError(f"clamp must be > 0 or None, got {clamp}; verl uses 10")
     dtype = _float_dtype(logp)
     logp, ref_logp = logp.to(dtype), ref_logp.to(dtype)
     if mask is not None:
         if mask.shape != logp.shape:
-            raise ValueError(f"mask {tuple(mask.shape)} != logp {tuple(logp.shape)}: pass the [N, K] mask of the "
-                             f"policy loss")
+            raise ValueError(
+                f"mask {tuple(mask.shape)} != logp {tuple(logp.shape)}: pass the [N, K] mask of the policy loss"
+            )
         valid = mask.bool()  # [N, K]
         # replace both sides before the maths (d = 0 gives 0 for every kind); masking the result afterwards would
         # still send 0 * inf = NaN gradients through exp() of the garbage

@@ -85,9 +85,12 @@ def load_plugins(modules: list[str] | tuple[str, ...] = ()) -> None:
     for name, target in declared_plugins().items():
         _import(target, f"plugin {name!r} (entry point {GROUP})", _REINSTALL)
     for i, module in enumerate(modules):
-        _import(module, f"run.plugins.{i}",
-                "put the module's directory on PYTHONPATH or `pip install` the package that provides it, or remove "
-                "it from run.plugins")
+        _import(
+            module,
+            f"run.plugins.{i}",
+            "put the module's directory on PYTHONPATH or `pip install` the package that provides it, or remove "
+            "it from run.plugins",
+        )
 
 
 def command_adders(warn: Callable[[str], None]) -> list[Callable]:

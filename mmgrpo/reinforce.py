@@ -40,12 +40,18 @@ def dispo(
         clip/{correct,incorrect}_{upper,lower}_frac (share of unmasked elements whose weight was clipped there).
     """
     valid, adv = _check_inputs(logp, old_logp, adv, mask)
-    bounds = {"correct_low": correct_low, "correct_high": correct_high, "incorrect_low": incorrect_low,
-              "incorrect_high": incorrect_high}
+    bounds = {
+        "correct_low": correct_low,
+        "correct_high": correct_high,
+        "incorrect_low": incorrect_low,
+        "incorrect_high": incorrect_high,
+    }
     for name, value in bounds.items():
         if not 0 <= value <= (1 if name.endswith("low") else float("inf")):
-            raise ValueError(f"{name}={value} must be >= 0{' and <= 1' if name.endswith('low') else ''}: the weight "
-                             f"is clipped to [1 - low, 1 + high]; e.g. 0.2")
+            raise ValueError(
+                f"{name}={value} must be >= 0{' and <= 1' if name.endswith('low') else ''}: the weight "
+                f"is clipped to [1 - low, 1 + high]; e.g. 0.2"
+            )
     dtype = _float_dtype(logp)
     log_ratio = torch.where(valid, logp.to(dtype) - old_logp.to(dtype), 0.0)  # [N, K]
     ratio = log_ratio.detach().clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()  # [N, K]

@@ -51,8 +51,9 @@ def load_evals(run_dir: Path) -> dict[str, dict[str, Any]]:
 
 def before_after(evals: dict[str, dict[str, Any]]) -> tuple[str | None, str | None]:
     """Labels of the base model's result and of the newest checkpoint's (plain weights preferred over EMA)."""
-    steps = sorted(k for k in evals if k.startswith("step_") and not k.endswith("_ema")) or \
-        sorted(k for k in evals if k.startswith("step_"))
+    steps = sorted(k for k in evals if k.startswith("step_") and not k.endswith("_ema")) or sorted(
+        k for k in evals if k.startswith("step_")
+    )
     return ("base" if "base" in evals else None), (steps[-1] if steps else None)
 
 
@@ -72,8 +73,9 @@ def _change(values: list[float]) -> str:
     cls = "up" if mean > 0.005 else "down" if mean < -0.005 else ""
     text = f"{mean:+.3f}"
     if len(values) > 1:
-        text += (f" <span class='spread'>± {statistics.stdev(values):.3f} "
-                 f"[{min(values):+.3f}, {max(values):+.3f}]</span>")
+        text += (
+            f" <span class='spread'>± {statistics.stdev(values):.3f} [{min(values):+.3f}, {max(values):+.3f}]</span>"
+        )
     return f"<td class='{cls}'>{text}</td>"
 
 
@@ -81,9 +83,13 @@ def result_table(pairs: list[tuple[dict, dict]]) -> str:
     """HTML before/after table per category from (before, after) eval results, one pair per seed (mean ± sd)."""
     before0 = pairs[0][0]["conditions"]["real"]
     names = _metrics(before0)
-    head = "<tr><th class='l' rowspan=2>category</th><th rowspan=2>n</th>" + "".join(
-        f"<th colspan=3>{html.escape(m)}</th>" for m in names) + "</tr><tr>" + "<th>before</th><th>after</th>" \
+    head = (
+        "<tr><th class='l' rowspan=2>category</th><th rowspan=2>n</th>"
+        + "".join(f"<th colspan=3>{html.escape(m)}</th>" for m in names)
+        + "</tr><tr>"
+        + "<th>before</th><th>after</th>"
         "<th>change</th>" * len(names) + "</tr>"
+    )
     rows = []
     for cat in before0:
         if not all(cat in a["conditions"]["real"] for _, a in pairs):
@@ -100,12 +106,18 @@ def result_table(pairs: list[tuple[dict, dict]]) -> str:
 def looking_table(result: dict[str, Any]) -> str:
     """HTML "is it looking?" table: the mean under each condition, and each ablation's paired difference and p."""
     conds = list(result["conditions"])
-    head = "<tr><th class='l'>category</th><th class='l'>metric</th><th>records</th>" + "".join(
-        f"<th>{c}</th>" for c in conds) + "".join(f"<th>{c} − real</th><th>p ({c})</th>" for c in conds[1:]) + "</tr>"
+    head = (
+        "<tr><th class='l'>category</th><th class='l'>metric</th><th>records</th>"
+        + "".join(f"<th>{c}</th>" for c in conds)
+        + "".join(f"<th>{c} − real</th><th>p ({c})</th>" for c in conds[1:])
+        + "</tr>"
+    )
     rows = []
     for r in looking_rows(result):
-        cells = f"<td class='l'>{html.escape(r['category'])}</td><td class='l'>{html.escape(r['metric'])}</td>" \
-                f"<td>{r['records']}</td>" + "".join(f"<td>{r[c]:.3f}</td>" for c in conds)
+        cells = (
+            f"<td class='l'>{html.escape(r['category'])}</td><td class='l'>{html.escape(r['metric'])}</td>"
+            f"<td>{r['records']}</td>" + "".join(f"<td>{r[c]:.3f}</td>" for c in conds)
+        )
         for c in conds[1:]:
             p = r[f"{c}_p"]
             cells += f"<td>{r[f'{c}_diff']:+.3f}</td><td title='{r[f'{c}_test']}'>{p:.2g}</td>"
@@ -162,8 +174,9 @@ def _side(items: list[dict], d: Path, outputs_are_images: bool) -> str:
         if outputs_are_images and "image" in it:
             out.append(f"<figure>{_img(d / it['image'], 'width:80px')}<figcaption>{r}</figcaption></figure>")
         elif "text" in it:
-            out.append(f"<div class='ans'><code>{html.escape(str(it['text']))}</code> <span class='note'>{r}</span>"
-                       f"</div>")
+            out.append(
+                f"<div class='ans'><code>{html.escape(str(it['text']))}</code> <span class='note'>{r}</span></div>"
+            )
     return f"<div class='{'cells' if outputs_are_images else 'answers'}'>{''.join(out)}</div>"
 
 
@@ -182,10 +195,14 @@ def samples_table(before_dir: Path, after_dir: Path) -> str:
             prompt += f"<span class='note'>answer: {html.escape(str(first['answer']))}</span>"
         if not outputs_are_images and "image" in first:  # the model's input (an image, or a strip of frames)
             prompt += f"<div>{_img(before_dir / first['image'], 'height:80px;max-width:100%')}</div>"
-        rows.append(f"<tr><td class='s'>{prompt}</td><td class='s'>{_side(b, before_dir, outputs_are_images)}</td>"
-                    f"<td class='s'>{_side(a, after_dir, outputs_are_images)}</td></tr>")
-    return ("<table class='samples'><tr><th class='l'>prompt</th><th class='l'>before</th><th class='l'>after</th>"
-            f"</tr>{''.join(rows)}</table>")
+        rows.append(
+            f"<tr><td class='s'>{prompt}</td><td class='s'>{_side(b, before_dir, outputs_are_images)}</td>"
+            f"<td class='s'>{_side(a, after_dir, outputs_are_images)}</td></tr>"
+        )
+    return (
+        "<table class='samples'><tr><th class='l'>prompt</th><th class='l'>before</th><th class='l'>after</th>"
+        f"</tr>{''.join(rows)}</table>"
+    )
 
 
 def _training_gallery(run_dir: Path) -> str:
@@ -194,25 +211,35 @@ def _training_gallery(run_dir: Path) -> str:
     if not g:
         return "<p class='note'>no samples</p>"
     parts = []
-    for label, d in ([("before training: first step's batch", g[0]), ("after training: last step's batch", g[-1])]
-                     if len(g) > 1 else
-                     [("training samples", g[0])]):
+    for label, d in (
+        [("before training: first step's batch", g[0]), ("after training: last step's batch", g[-1])]
+        if len(g) > 1
+        else [("training samples", g[0])]
+    ):
         items = json.loads((d / "items.json").read_text())[:8]
         images = not any("text" in it for it in items)
         prompts = list(dict.fromkeys(str(it.get("prompt", "")) for it in items))
-        rows = "".join(f"<tr><td class='s'><pre>{html.escape(p)}</pre></td><td class='s'>"
-                       f"{_side([it for it in items if str(it.get('prompt', '')) == p], d, images)}</td></tr>"
-                       for p in prompts)
+        rows = "".join(
+            f"<tr><td class='s'><pre>{html.escape(p)}</pre></td><td class='s'>"
+            f"{_side([it for it in items if str(it.get('prompt', '')) == p], d, images)}</td></tr>"
+            for p in prompts
+        )
         parts.append(f"<h3>{label} ({html.escape(d.name)})</h3><table>{rows}</table>")
-    return ("<p class='note'>training batches, not the same prompts: run <code>mmgrpo eval CONFIG ckpt=none</code> "
-            "and <code>ckpt=latest</code> for held-out samples on the same prompts and seeds</p>" + "".join(parts))
+    return (
+        "<p class='note'>training batches, not the same prompts: run <code>mmgrpo eval CONFIG ckpt=none</code> "
+        "and <code>ckpt=latest</code> for held-out samples on the same prompts and seeds</p>" + "".join(parts)
+    )
 
 
 def _plain_table(table: dict[str, dict[str, float]]) -> str:
     names = _metrics(table)
     head = "<tr><th class='l'>category</th><th>n</th>" + "".join(f"<th>{html.escape(m)}</th>" for m in names)
-    body = "".join(f"<tr><td class='l'>{html.escape(c)}</td><td>{int(row['n'])}</td>"
-                   + "".join(f"<td>{row[m]:.3f}</td>" for m in names) + "</tr>" for c, row in table.items())
+    body = "".join(
+        f"<tr><td class='l'>{html.escape(c)}</td><td>{int(row['n'])}</td>"
+        + "".join(f"<td>{row[m]:.3f}</td>" for m in names)
+        + "</tr>"
+        for c, row in table.items()
+    )
     return f"<table class='result'>{head}</tr>{body}</table>"
 
 
@@ -220,12 +247,15 @@ def result_html(run_dir: Path, seed_dirs: list[Path]) -> str:
     """The leading section: before/after table (pooled over seed runs), or what exists and how to get the rest."""
     evals = load_evals(run_dir)
     b, a = before_after(evals)
-    how = (f"<p class='note'>held-out results come from <code>mmgrpo eval {html.escape(str(run_dir))}/config.yaml "
-           f"ckpt=none</code> (before) and <code>ckpt=latest</code> (after)</p>")
+    how = (
+        f"<p class='note'>held-out results come from <code>mmgrpo eval {html.escape(str(run_dir))}/config.yaml "
+        f"ckpt=none</code> (before) and <code>ckpt=latest</code> (after)</p>"
+    )
     if b is None or a is None:
         only = evals.get(a or b or "")
-        return (f"<p>no before/after pair yet.</p>{how}" +
-                (f"<p>{html.escape(only['label'])}:</p>{_plain_table(only['conditions']['real'])}" if only else ""))
+        return f"<p>no before/after pair yet.</p>{how}" + (
+            f"<p>{html.escape(only['label'])}:</p>{_plain_table(only['conditions']['real'])}" if only else ""
+        )
     pairs = [(evals[b], evals[a])]
     for d in seed_dirs:
         other = load_evals(d)
@@ -233,11 +263,19 @@ def result_html(run_dir: Path, seed_dirs: list[Path]) -> str:
         if ob and oa:
             pairs.append((other[ob], other[oa]))
     first = evals[a]
-    seeds = (f"{len(pairs)} training runs (this one and {', '.join(html.escape(str(d)) for d in seed_dirs)}): "
-             f"mean ± sd over runs, change with [min, max]") if len(pairs) > 1 else "one training run"
-    caption = (f"<p class='note'>held-out eval split: {first['records']} records × {first['group_size']} samples "
-               f"(n = samples); before = base weights, after = {html.escape(a)}; same records and seeds; "
-               f"{seeds}.</p>")
+    seeds = (
+        (
+            f"{len(pairs)} training runs (this one and {', '.join(html.escape(str(d)) for d in seed_dirs)}): "
+            f"mean ± sd over runs, change with [min, max]"
+        )
+        if len(pairs) > 1
+        else "one training run"
+    )
+    caption = (
+        f"<p class='note'>held-out eval split: {first['records']} records × {first['group_size']} samples "
+        f"(n = samples); before = base weights, after = {html.escape(a)}; same records and seeds; "
+        f"{seeds}.</p>"
+    )
     return caption + result_table(pairs) + how
 
 
@@ -248,10 +286,12 @@ def looking_html(run_dir: Path) -> str | None:
     pick = next((evals[k] for k in order if len(evals[k]["conditions"]) > 1), None)
     if pick is None:
         return None
-    return (f"<p class='note'>checkpoint {html.escape(pick['label'])}: the same records and seeds with the real "
-            f"images/frames, a blank canvas of the background colour, and another record's pixels (a fixed "
-            f"derangement). Paired per record; p two-sided: exact McNemar for 0/1 answers (group_size=1), else "
-            f"Wilcoxon signed-rank on per-record means.</p>" + looking_table(pick))
+    return (
+        f"<p class='note'>checkpoint {html.escape(pick['label'])}: the same records and seeds with the real "
+        f"images/frames, a blank canvas of the background colour, and another record's pixels (a fixed "
+        f"derangement). Paired per record; p two-sided: exact McNemar for 0/1 answers (group_size=1), else "
+        f"Wilcoxon signed-rank on per-record means.</p>" + looking_table(pick)
+    )
 
 
 def samples_html(run_dir: Path) -> str:
@@ -259,8 +299,10 @@ def samples_html(run_dir: Path) -> str:
     b, a = before_after(evals)
     d = run_dir / "eval"
     if b and a and (d / f"{b}_samples" / "items.json").is_file() and (d / f"{a}_samples" / "items.json").is_file():
-        return (f"<p class='note'>held-out records, the same sampling seeds on both sides (before = base, after = "
-                f"{html.escape(a)}); r = total reward</p>" + samples_table(d / f"{b}_samples", d / f"{a}_samples"))
+        return (
+            f"<p class='note'>held-out records, the same sampling seeds on both sides (before = base, after = "
+            f"{html.escape(a)}); r = total reward</p>" + samples_table(d / f"{b}_samples", d / f"{a}_samples")
+        )
     return _training_gallery(run_dir)
 
 
@@ -268,12 +310,16 @@ def raw_html(rows: list[dict], config_yaml: str) -> str:
     time_keys = sorted({k for r in rows for k in r if k.startswith("time/")})
     timing = "".join(
         f"<tr><td class='l'>{k}</td><td>{sum(r[k] for r in rows if r.get(k) is not None) / max(1, len(rows)):.4f}"
-        f"</td></tr>" for k in time_keys)
+        f"</td></tr>"
+        for k in time_keys
+    )
     last = rows[-1] if rows else {}
     summary = "".join(f"<tr><td class='l'>{html.escape(k)}</td><td>{v}</td></tr>" for k, v in last.items())
-    return (f"<details><summary>last logged step ({len(last)} metrics)</summary><table>{summary}</table></details>"
-            f"<details><summary>mean seconds per phase</summary><table>{timing}</table></details>"
-            f"<details><summary>config</summary><pre>{html.escape(config_yaml)}</pre></details>")
+    return (
+        f"<details><summary>last logged step ({len(last)} metrics)</summary><table>{summary}</table></details>"
+        f"<details><summary>mean seconds per phase</summary><table>{timing}</table></details>"
+        f"<details><summary>config</summary><pre>{html.escape(config_yaml)}</pre></details>"
+    )
 
 
 def write_report(run_dir: Path, config_yaml: str | None = None, *, seed_dirs: list[Path] | None = None) -> Path:
@@ -288,13 +334,17 @@ def write_report(run_dir: Path, config_yaml: str | None = None, *, seed_dirs: li
     sections = [("result", "Held-out result: before and after training", result_html(run_dir, seed_dirs or []))]
     if looking:
         sections.append(("looking", "Is it looking? Real vs blank vs shuffled pixels", looking))
-    sections += [("curves", "Training curves", curves_html(rows)),
-                 ("samples", "Samples before and after, same prompts and seeds", samples_html(run_dir)),
-                 ("raw", "Raw metrics and config", raw_html(rows, config_yaml))]
+    sections += [
+        ("curves", "Training curves", curves_html(rows)),
+        ("samples", "Samples before and after, same prompts and seeds", samples_html(run_dir)),
+        ("raw", "Raw metrics and config", raw_html(rows, config_yaml)),
+    ]
     body = "".join(f"<section id='{sid}'><h2>{h}</h2>{content}</section>" for sid, h, content in sections)
-    page = (f"<!doctype html><html><head><meta charset='utf-8'><title>mmgrpo report: {title}</title>"
-            f"<style>{CSS}</style></head><body><h1>mmgrpo run {html.escape(str(run_dir))}</h1>"
-            f"<p class='note'>{len(rows)} logged steps</p>{body}</body></html>")
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>mmgrpo report: {title}</title>"
+        f"<style>{CSS}</style></head><body><h1>mmgrpo run {html.escape(str(run_dir))}</h1>"
+        f"<p class='note'>{len(rows)} logged steps</p>{body}</body></html>"
+    )
     path = run_dir / "report.html"
     path.write_text(page)
     return path
@@ -312,8 +362,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     for d in [args.run_dir, *args.seed_dirs]:
         if not d.is_dir():
-            print(f"error: run directory {str(d)!r} does not exist; pass the run.output_dir of a training run",
-                  file=sys.stderr)
+            print(
+                f"error: run directory {str(d)!r} does not exist; pass the run.output_dir of a training run",
+                file=sys.stderr,
+            )
             return 2
     print(f"report: {write_report(args.run_dir, seed_dirs=args.seed_dirs)}")
     return 0

@@ -82,12 +82,17 @@ def claim(cfg: Config) -> None:
         if valid is not None and path.resolve() == valid.resolve():
             return
         inside = path.resolve().parent == root.resolve()
-        why = (f"run.resume={resume} is not its newest valid checkpoint ({valid.name if valid else 'none'}); "
-               f"continuing from it here would overwrite the later ones" if inside
-               else f"run.resume={resume} belongs to another run")
-    raise UserError(f"run.output_dir ({str(run_dir)!r}) already holds a run ({held}) and {why}; continue it with "
-                    f"run.resume=auto, start another with run.output_dir=<new dir>, or delete it and start over with "
-                    f"run.overwrite=true")
+        why = (
+            f"run.resume={resume} is not its newest valid checkpoint ({valid.name if valid else 'none'}); "
+            f"continuing from it here would overwrite the later ones"
+            if inside
+            else f"run.resume={resume} belongs to another run"
+        )
+    raise UserError(
+        f"run.output_dir ({str(run_dir)!r}) already holds a run ({held}) and {why}; continue it with "
+        f"run.resume=auto, start another with run.output_dir=<new dir>, or delete it and start over with "
+        f"run.overwrite=true"
+    )
 
 
 def clear(run_dir: Path) -> list[str]:

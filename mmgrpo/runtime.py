@@ -23,8 +23,12 @@ def make_accelerator(cfg: Config) -> Accelerator:
     """CPU unless CUDA is there (and asked for); mixed precision only with CUDA, so CPU runs stay exact fp32."""
     cuda = torch.cuda.is_available() and cfg.run.device != "cpu"
     precision = cfg.run.mixed_precision if cuda else "no"
-    return Accelerator(cpu=not cuda, mixed_precision=precision, log_with=list(cfg.run.trackers) or None,
-                       project_dir=cfg.run.output_dir)
+    return Accelerator(
+        cpu=not cuda,
+        mixed_precision=precision,
+        log_with=list(cfg.run.trackers) or None,
+        project_dir=cfg.run.output_dir,
+    )
 
 
 def build_optimizer(params: list[torch.nn.Parameter], cfg: Config) -> torch.optim.Optimizer:
@@ -47,7 +51,8 @@ def lr_factor(step: int, *, warmup: int, total: int, schedule: str) -> float:
 def build_scheduler(opt: torch.optim.Optimizer, cfg: Config) -> torch.optim.lr_scheduler.LambdaLR:
     o = cfg.optim
     return torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: lr_factor(s, warmup=o.warmup_steps, total=cfg.run.steps, schedule=o.schedule))
+        opt, lambda s: lr_factor(s, warmup=o.warmup_steps, total=cfg.run.steps, schedule=o.schedule)
+    )
 
 
 class EMA:
@@ -157,8 +162,9 @@ def optimizer_state(accelerator: Accelerator, model: torch.nn.Module, optimizer)
         return optimizer.state_dict()
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-    return get_optimizer_state_dict(model, optimizer.optimizer,
-                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_optimizer_state_dict(
+        model, optimizer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
 
 
 def load_optimizer_state(accelerator: Accelerator, model: torch.nn.Module, optimizer, state: dict) -> None:
@@ -167,8 +173,9 @@ def load_optimizer_state(accelerator: Accelerator, model: torch.nn.Module, optim
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-    set_optimizer_state_dict(model, optimizer.optimizer, optim_state_dict=state,
-                             options=StateDictOptions(full_state_dict=True))
+    set_optimizer_state_dict(
+        model, optimizer.optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True)
+    )
 
 
 # ---- micro-batch sizing from a memory budget (algo.micro_batch_size=auto)
@@ -188,8 +195,10 @@ def peak_bytes(fn, device: torch.device) -> int:
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - base
     if device.type != "cpu":
-        raise UserError(f"algo.micro_batch_size=auto measures memory on CUDA or the CPU, not on {device.type}; "
-                        f"set algo.micro_batch_size to a number")
+        raise UserError(
+            f"algo.micro_batch_size=auto measures memory on CUDA or the CPU, not on {device.type}; "
+            f"set algo.micro_batch_size to a number"
+        )
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
@@ -206,7 +215,9 @@ def peak_bytes(fn, device: torch.device) -> int:
 def profiler_peak_bytes(prof) -> int:
     """The peak of the running sum of a finished torch.profiler(profile_memory=True) run's allocator events
     (+bytes on alloc, -bytes on free) in time order: peak bytes over what was live when it started."""
-    events = sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]")
+    events = sorted(
+        (e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"
+    )
     return max(accumulate((nbytes for _, nbytes in events), initial=0))
 
 
@@ -238,8 +249,9 @@ def default_budget_bytes(device: torch.device) -> float:
         try:
             return 0.5 * os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
         except (ValueError, OSError, AttributeError):
-            raise UserError("algo.micro_batch_size=auto cannot read the available memory here; set "
-                            "algo.memory_budget_gb, e.g. 8") from None
+            raise UserError(
+                "algo.micro_batch_size=auto cannot read the available memory here; set algo.memory_budget_gb, e.g. 8"
+            ) from None
 
 
 def fit_micro_batch(peak_1: float, peak_2: float, budget: float, *, most: int) -> int:

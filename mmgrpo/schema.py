@@ -197,8 +197,12 @@ class _Yaml12Loader(yaml.SafeLoader):
             except TypeError:  # unhashable: the base class reports it
                 continue
             if first is not None:
-                raise DuplicateKey(None, None, f"duplicate key {key!r} on lines {first} and {line}; keep one of "
-                                               f"them", key_node.start_mark)
+                raise DuplicateKey(
+                    None,
+                    None,
+                    f"duplicate key {key!r} on lines {first} and {line}; keep one of them",
+                    key_node.start_mark,
+                )
             lines[key] = line
         return super().construct_mapping(node, deep=deep)
 
@@ -212,13 +216,17 @@ _Yaml12Loader.yaml_implicit_resolvers = {
     first: [(tag, rx) for tag, rx in resolvers if tag not in _REPLACED_TAGS]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
-_Yaml12Loader.add_implicit_resolver("tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"),
-                                    list("tTfF"))
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF")
+)
 _Yaml12Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?"
-               r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+0123456789."))
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
 
 
 def yaml_load(text: str) -> Any:
@@ -261,8 +269,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             return _coerce(value, inner[-1], where)
         except UserError:
             names = " or ".join(_type_name(a) for a in inner)
-            raise UserError(f"{where}: expected {names}, got {value!r} ({type(value).__name__}); fix the value in "
-                            f"the YAML file or override it as {where}=<value>") from None
+            raise UserError(
+                f"{where}: expected {names}, got {value!r} ({type(value).__name__}); fix the value in "
+                f"the YAML file or override it as {where}=<value>"
+            ) from None
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, where)
     if origin is list:
@@ -285,8 +295,10 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         str: isinstance(value, str),
     }.get(tp, True)
     if not ok:
-        raise UserError(f"{where}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__}); "
-                        f"fix the value in the YAML file or override it as {where}=<{_type_name(tp)}>")
+        raise UserError(
+            f"{where}: expected {_type_name(tp)}, got {value!r} ({type(value).__name__}); "
+            f"fix the value in the YAML file or override it as {where}=<{_type_name(tp)}>"
+        )
     return float(value) if tp is float else value
 
 
@@ -301,8 +313,9 @@ def _build(cls: type, data: Any, where: str) -> Any:
     for key, value in data.items():
         path = f"{where}.{key}" if where else str(key)
         if key not in names:
-            close = [n for n in names if n.lower() == str(key).lower()] or \
-                difflib.get_close_matches(str(key).lower(), names, n=1, cutoff=0.5)
+            close = [n for n in names if n.lower() == str(key).lower()] or difflib.get_close_matches(
+                str(key).lower(), names, n=1, cutoff=0.5
+            )
             hint = f"did you mean {(where + '.' if where else '') + close[0]!r}? " if close else ""
             raise UserError(f"unknown config key {path!r}; {hint}valid keys here: {', '.join(names)}")
         kwargs[key] = _coerce(value, hints[key], path)
@@ -318,12 +331,16 @@ def _set_path(tree: dict, dotted: str, value: Any) -> None:
         if isinstance(node, list):
             if not part.isdigit() or int(part) >= len(node):
                 fix = f"use an index in 0..{len(node) - 1} or set" if node else "it is empty, so set"
-                raise UserError(f"override {dotted!r}: {part!r} is not an index of {here} ({len(node)} item(s)); "
-                                f"{fix} the whole list, e.g. {here}=[...]")
+                raise UserError(
+                    f"override {dotted!r}: {part!r} is not an index of {here} ({len(node)} item(s)); "
+                    f"{fix} the whole list, e.g. {here}=[...]"
+                )
             key = int(part)
         elif not isinstance(node, dict):
-            raise UserError(f"override {dotted!r}: {here} is the value {node!r}, not a section with keys; "
-                            f"override it as {here}=<value>")
+            raise UserError(
+                f"override {dotted!r}: {here} is the value {node!r}, not a section with keys; "
+                f"override it as {here}=<value>"
+            )
         if i == len(parts) - 1:
             node[key] = value
             return
@@ -356,5 +373,7 @@ def read_text(path: str | os.PathLike, what: str = "file") -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data[: err.start].count(b"\n") + 1
-        raise UserError(f"{what} {str(path)!r} is not UTF-8 text: byte 0x{data[err.start]:02x} at offset {err.start} "
-                        f"(line {line}) cannot be decoded; re-save the file as UTF-8") from None
+        raise UserError(
+            f"{what} {str(path)!r} is not UTF-8 text: byte 0x{data[err.start]:02x} at offset {err.start} "
+            f"(line {line}) cannot be decoded; re-save the file as UTF-8"
+        ) from None

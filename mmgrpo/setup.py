@@ -66,8 +66,9 @@ class Run:
         if self.metrics_log is None:
             self.cfg.save(self.run_dir / "config.yaml")
             resumed = self.saved_metrics is not None
-            self.metrics_log = MetricsLog(self.run_dir, self.accelerator, self.start_step if resumed else None,
-                                          saved=self.saved_metrics or "")
+            self.metrics_log = MetricsLog(
+                self.run_dir, self.accelerator, self.start_step if resumed else None, saved=self.saved_metrics or ""
+            )
         return self.metrics_log
 
     def say(self, msg: str) -> None:
@@ -104,19 +105,24 @@ def build_task(cfg: Config, device: torch.device) -> Task:
     builder = PIPELINES.get(cfg.pipeline.name)
     task = builder(seed=cfg.run.seed, device=device, dtype=torch.float32, **cfg.pipeline.kwargs)
     if not task.train_data:
-        raise UserError(f"pipeline {cfg.pipeline.name!r} produced an empty training set; check pipeline.kwargs "
-                        f"(data path, split) so that it yields at least one prompt")
+        raise UserError(
+            f"pipeline {cfg.pipeline.name!r} produced an empty training set; check pipeline.kwargs "
+            f"(data path, split) so that it yields at least one prompt"
+        )
     return task
 
 
 def build_rewards(cfg: Config, task: Task, device: torch.device):
     import rewards
 
-    specs = [{"name": s.name, "weight": s.weight, "kwargs": s.kwargs, "label": s.label or s.name}
-             for s in cfg.rewards] or task.rewards
+    specs = [
+        {"name": s.name, "weight": s.weight, "kwargs": s.kwargs, "label": s.label or s.name} for s in cfg.rewards
+    ] or task.rewards
     if not specs:
-        raise UserError(f"no rewards configured and pipeline {cfg.pipeline.name!r} has no default; add a "
-                        f"`rewards:` list, e.g. [{{name: format, weight: 1.0}}]")
+        raise UserError(
+            f"no rewards configured and pipeline {cfg.pipeline.name!r} has no default; add a "
+            f"`rewards:` list, e.g. [{{name: format, weight: 1.0}}]"
+        )
     reward_set = rewards.RewardSet(specs, device=device)
     if hasattr(task.policy, "set_reward_inputs"):  # flow: no VAE decode when every reward reads latents
         try:
@@ -133,8 +139,11 @@ def compile_module(cfg: Config, module: torch.nn.Module, acc: Accelerator) -> bo
         return False
     if acc.device.type == "cpu" and cfg.run.compile != "force":
         if acc.is_main_process:
-            print("run.compile=true: skipped on the CPU (compiling needs a C++ toolchain there and warms up slowly); "
-                  "set run.compile=force to compile anyway", flush=True)
+            print(
+                "run.compile=true: skipped on the CPU (compiling needs a C++ toolchain there and warms up slowly); "
+                "set run.compile=force to compile anyway",
+                flush=True,
+            )
         return False
     try:
         import torch._dynamo
@@ -143,13 +152,17 @@ def compile_module(cfg: Config, module: torch.nn.Module, acc: Accelerator) -> bo
     except ImportError:
         supported = False
     if not supported:
-        raise UserError(f"run.compile={cfg.run.compile}: torch.compile is not supported with this Python and torch "
-                        f"({torch.__version__}); set run.compile=false")
+        raise UserError(
+            f"run.compile={cfg.run.compile}: torch.compile is not supported with this Python and torch "
+            f"({torch.__version__}); set run.compile=false"
+        )
     try:
         module.compile(**cfg.run.compile_kwargs)
     except (TypeError, ValueError, RuntimeError) as err:
-        raise UserError(f"run.compile_kwargs ({cfg.run.compile_kwargs}): {err}; use torch.compile's keywords "
-                        f"(mode, dynamic, fullgraph, backend, options)") from None
+        raise UserError(
+            f"run.compile_kwargs ({cfg.run.compile_kwargs}): {err}; use torch.compile's keywords "
+            f"(mode, dynamic, fullgraph, backend, options)"
+        ) from None
     return True
 
 
@@ -163,20 +176,26 @@ def _prepare_dirs(cfg: Config) -> tuple[Path, Path]:
         probe.write_text("ok")
         probe.unlink()
     except OSError as err:
-        raise UserError(f"run.output_dir ({cfg.run.output_dir!r}) cannot be written ({err.strerror}); choose a "
-                        f"writable directory, e.g. run.output_dir=runs/my_run") from None
+        raise UserError(
+            f"run.output_dir ({cfg.run.output_dir!r}) cannot be written ({err.strerror}); choose a "
+            f"writable directory, e.g. run.output_dir=runs/my_run"
+        ) from None
     return run_dir, run_dir / "checkpoints"
 
 
 def _check_launch(cfg: Config, acc: Accelerator) -> None:
     b_prompts = cfg.sample.batch_size // cfg.sample.group_size
     if b_prompts % acc.num_processes:
-        raise UserError(f"sample.batch_size / sample.group_size = {b_prompts} prompts per step cannot be split over "
-                        f"{acc.num_processes} processes; make it a multiple of {acc.num_processes}")
+        raise UserError(
+            f"sample.batch_size / sample.group_size = {b_prompts} prompts per step cannot be split over "
+            f"{acc.num_processes} processes; make it a multiple of {acc.num_processes}"
+        )
     if acc.distributed_type == DistributedType.DEEPSPEED:
-        raise UserError("accelerate config: DeepSpeed steps the optimizer inside backward(), which the mmgrpo loop "
-                        "cannot use (it accumulates micro-batches and skips NaN updates itself); launch with "
-                        "configs/accelerate/fsdp.yaml (sharded) or configs/accelerate/ddp.yaml instead")
+        raise UserError(
+            "accelerate config: DeepSpeed steps the optimizer inside backward(), which the mmgrpo loop "
+            "cannot use (it accumulates micro-batches and skips NaN updates itself); launch with "
+            "configs/accelerate/fsdp.yaml (sharded) or configs/accelerate/ddp.yaml instead"
+        )
 
 
 def setup(cfg: Config) -> Run:
@@ -198,14 +217,28 @@ def setup(cfg: Config) -> Run:
     names = {id(p): n for n, p in task.module.named_parameters()}
     params = list(task.policy.trainable_parameters())  # after prepare: FSDP swaps in sharded parameters
     ema = EMA({names[id(p)]: p for p in params}, cfg.optim.ema_decay) if cfg.optim.ema_decay > 0 else None
-    sampler = sampling.make_sampler(cfg.sample.sampler, len(task.train_data), seed=cfg.run.seed,
-                                    **cfg.sample.sampler_kwargs)
+    sampler = sampling.make_sampler(
+        cfg.sample.sampler, len(task.train_data), seed=cfg.run.seed, **cfg.sample.sampler_kwargs
+    )
     if hasattr(task.policy, "defer_old_logp"):
         # one epoch of one mini-batch updates the weights once, after every forward: the old log-probs equal the
         # first forward's, so the rollout may skip its no-grad scoring pass (TRL does this when num_iterations=1)
         task.policy.defer_old_logp = cfg.algo.inner_epochs == 1 and cfg.algo.num_minibatches == 1
-    run = Run(cfg, acc, task, task.policy, model, optimizer, build_scheduler(optimizer, cfg), sampler, reward_set,
-              ema, run_dir, ckpt_root, None)
+    run = Run(
+        cfg,
+        acc,
+        task,
+        task.policy,
+        model,
+        optimizer,
+        build_scheduler(optimizer, cfg),
+        sampler,
+        reward_set,
+        ema,
+        run_dir,
+        ckpt_root,
+        None,
+    )
     run.micro_batch_size = None if cfg.algo.micro_batch_size == "auto" else cfg.algo.micro_batch_size
     same_dir = ckpt is not None and ckpt.resolve().parent == ckpt_root.resolve()
     run.run_id = checkpoint.owner(ckpt) if same_dir else uuid.uuid4().hex[:12]  # continuing its lineage, or a new one
@@ -238,8 +271,11 @@ def _config_changes(saved: Path, cfg: Config) -> str:
     if not saved.is_file():
         return ""
     old, new = _flat(yaml.safe_load(saved.read_text()) or {}), _flat(cfg.to_dict())
-    diffs = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(set(old) | set(new))
-             if old.get(k) != new.get(k) and k not in ("run.resume", "run.output_dir")]
+    diffs = [
+        f"{k}: {old.get(k)!r} -> {new.get(k)!r}"
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k) and k not in ("run.resume", "run.output_dir")
+    ]
     return ", ".join(diffs[:8]) + (f" and {len(diffs) - 8} more" if len(diffs) > 8 else "")
 
 
@@ -303,15 +339,26 @@ def save_checkpoint(run: Run, step: int) -> Path:
     if main or is_sharded(acc):
         weights = full_tensors(run.policy.state_dict())
         ema = full_tensors(run.ema.shadow) if run.ema is not None else None
-        state = {"step": step, "bad_streak": run.bad_streak,
-                 "optimizer": optimizer_state(acc, run.model, run.optimizer),
-                 "scheduler": run.scheduler.state_dict(), "sampler": run.sampler.state_dict()}
+        state = {
+            "step": step,
+            "bad_streak": run.bad_streak,
+            "optimizer": optimizer_state(acc, run.model, run.optimizer),
+            "scheduler": run.scheduler.state_dict(),
+            "sampler": run.sampler.state_dict(),
+        }
     if main:
         # the export hook reads the policy's own (unsharded) weights, so sharded runs go without it
         export = None if is_sharded(acc) else getattr(run.policy, "export", None)
-        checkpoint.write_main_files(run.ckpt_root, step, weights=weights, state=state,
-                                    config_yaml=yaml.safe_dump(run.cfg.to_dict(), sort_keys=False), ema=ema,
-                                    metrics_jsonl=run.outputs().text(), export=export)
+        checkpoint.write_main_files(
+            run.ckpt_root,
+            step,
+            weights=weights,
+            state=state,
+            config_yaml=yaml.safe_dump(run.cfg.to_dict(), sort_keys=False),
+            ema=ema,
+            metrics_jsonl=run.outputs().text(),
+            export=export,
+        )
     acc.wait_for_everyone()
     if main:
         checkpoint.finalize(run.ckpt_root, step, run.cfg.run.keep_last, run.run_id)

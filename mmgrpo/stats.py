@@ -53,7 +53,7 @@ def _midranks(x: np.ndarray) -> np.ndarray:
         j = i
         while j + 1 < x.size and xs[j + 1] == xs[i]:
             j += 1
-        ranks[order[i: j + 1]] = (i + j) / 2 + 1  # mean of ranks i+1 .. j+1
+        ranks[order[i : j + 1]] = (i + j) / 2 + 1  # mean of ranks i+1 .. j+1
         i = j + 1
     return ranks
 
@@ -67,7 +67,7 @@ def _signed_rank_pmf(ranks: np.ndarray) -> np.ndarray:
     for r in twice:
         shifted = pmf[: top + 1].copy()
         pmf[: top + 1] *= 0.5
-        pmf[r: r + top + 1] += 0.5 * shifted
+        pmf[r : r + top + 1] += 0.5 * shifted
         top += int(r)
     return pmf
 
@@ -119,8 +119,20 @@ def paired_test(a: Any, b: Any) -> dict[str, Any]:
     diff = float((b - a).mean())
     if is_binary(a, b):
         n10, n01 = int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
-        return {"test": "mcnemar", "n": int(a.size), "diff": diff, "p": mcnemar_exact(n10, n01),
-                "n10": n10, "n01": n01}
+        return {
+            "test": "mcnemar",
+            "n": int(a.size),
+            "diff": diff,
+            "p": mcnemar_exact(n10, n01),
+            "n10": n10,
+            "n01": n01,
+        }
     w, p = wilcoxon_signed_rank(b - a)
-    return {"test": "wilcoxon", "n": int(a.size), "diff": diff, "p": p, "w_plus": w,
-            "nonzero": int(((b - a) != 0).sum())}
+    return {
+        "test": "wilcoxon",
+        "n": int(a.size),
+        "diff": diff,
+        "p": p,
+        "w_plus": w,
+        "nonzero": int(((b - a) != 0).sum()),
+    }

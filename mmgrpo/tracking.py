@@ -46,8 +46,9 @@ class MetricsLog:
         return self.path.read_text() if self.path.is_file() else ""
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        clean = {k: (float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None)
-                 for k, v in metrics.items()}
+        clean = {
+            k: (float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None) for k, v in metrics.items()
+        }
         with open(self.path, "a") as f:
             f.write(json.dumps({"step": step, **clean}) + "\n")
             f.flush()

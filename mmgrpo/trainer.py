@@ -62,8 +62,9 @@ class _Acc:
         return {k: s / w for k, (s, w) in zip(keys, pairs) if w > 0}
 
 
-def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor, mask: Tensor,
-              ref: Tensor | None, denom: Tensor):
+def _loss_for(
+    run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor, mask: Tensor, ref: Tensor | None, denom: Tensor
+):
     """Loss of samples idx (and steps ks when the policy chunks K): policy loss (+ KL), global denominator.
 
     Also returns a [n] device flag per sample of idx: are its unmasked loss elements all finite (read by the host
@@ -97,8 +98,11 @@ def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor
         metrics["entropy"] = torch.where(m, aux["entropy"], 0.0).sum() / m.sum().clamp(min=1)
     if getattr(run.policy, "per_element_metrics", False):
         params = inspect.signature(losses.POLICY_LOSSES.get(a.loss)).parameters  # the loss's own clip range
-        clip = {n: kw.get(n, params[n].default) for n in ("clip_low", "clip_high")
-                if n in params and params[n].default is not inspect.Parameter.empty}
+        clip = {
+            n: kw.get(n, params[n].default)
+            for n in ("clip_low", "clip_high")
+            if n in params and params[n].default is not inspect.Parameter.empty
+        }
         metrics.update(_per_element(logp.detach(), old, m, ks_.start or 0, **clip))
     if ks is not None and a.aggregation == "seq_mean_token_mean":
         # a row's mean over all K = sum over chunks of (chunk sum / full-row count): rescale each chunk's mean
@@ -109,8 +113,9 @@ def _loss_for(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor
     return loss * run.accelerator.num_processes, metrics, rows_ok  # DDP averages gradients; denominators global
 
 
-def _per_element(logp: Tensor, old: Tensor, m: Tensor, k0: int, clip_low: float = 0.2,
-                 clip_high: float = 0.2) -> dict[str, tuple[Tensor, Tensor]]:
+def _per_element(
+    logp: Tensor, old: Tensor, m: Tensor, k0: int, clip_low: float = 0.2, clip_high: float = 0.2
+) -> dict[str, tuple[Tensor, Tensor]]:
     """Per decision index (e.g. denoising step), for pipelines that ask: the raw ratio's mean, population std and
     the fractions above 1 + clip_high and below 1 - clip_low (the over-optimisation monitor of GRPO-Guard).
 
@@ -126,8 +131,14 @@ def _per_element(logp: Tensor, old: Tensor, m: Tensor, k0: int, clip_low: float 
     out = {}
     for j in range(mean.numel()):
         k, on = k0 + j, present[j]
-        out.update({f"ratio/k{k}": (mean[j], on), f"ratio/k{k}/std": (std[j], on),
-                    f"ratio/k{k}/clip_upper": (upper[j], on), f"ratio/k{k}/clip_lower": (lower[j], on)})
+        out.update(
+            {
+                f"ratio/k{k}": (mean[j], on),
+                f"ratio/k{k}/std": (std[j], on),
+                f"ratio/k{k}/clip_upper": (upper[j], on),
+                f"ratio/k{k}/clip_lower": (lower[j], on),
+            }
+        )
     return out
 
 
@@ -137,8 +148,10 @@ def _k_slices(run: Run, k: int) -> list[slice | None]:
     if not chunk or chunk >= k:
         return [None]
     if run.cfg.algo.loss_kwargs.get("level", "token") == "sequence" or run.cfg.algo.loss == "reg_grpo":
-        raise ValueError(f"algo.loss={run.cfg.algo.loss!r} with sequence-level ratios needs all of K in one pass; "
-                         f"set the pipeline's k_chunk to null or use the token-level clipped loss")
+        raise ValueError(
+            f"algo.loss={run.cfg.algo.loss!r} with sequence-level ratios needs all of K in one pass; "
+            f"set the pipeline's k_chunk to null or use the token-level clipped loss"
+        )
     return [slice(i, min(i + chunk, k)) for i in range(0, k, chunk)]
 
 
@@ -181,8 +194,9 @@ def _pieces(run: Run, mbs: list[Tensor], k: int) -> list[list[tuple[Tensor, slic
     the last backward in step, and loses no time: the padded rank would otherwise wait for the busiest one). One
     gather for all the mini-batches of an epoch."""
     g, chunks = run.cfg.sample.group_size, _k_slices(run, k)
-    plans = [[(idx, ks, 1.0) for idx in (mb.split(run.micro_batch_size) if len(mb) else ()) for ks in chunks]
-             for mb in mbs]  # split() of an empty tensor gives one empty piece, hence the guard
+    plans = [
+        [(idx, ks, 1.0) for idx in (mb.split(run.micro_batch_size) if len(mb) else ()) for ks in chunks] for mb in mbs
+    ]  # split() of an empty tensor gives one empty piece, hence the guard
     most = all_gather(run.accelerator, torch.tensor([[len(p) for p in plans]])).max(0).values.tolist()  # [M]
     return [p + [(torch.arange(g), chunks[0], 0.0)] * (m - len(p)) for p, m in zip(plans, most)]
 
@@ -255,13 +269,17 @@ def _auto_micro_batch(run: Run, batch: Batch, adv: Tensor, mask: Tensor) -> int:
             units = fit_micro_batch(peaks[1], peaks[2], budget, most=n // unit)
         except ValueError:
             units = 0  # decided together below: a rank that raised alone would leave the others waiting
-        why = (f"forward+backward peaks {peaks[2] / 1e6:.4g} MB at {2 * unit} samples and {peaks[1] / 1e6:.4g} MB "
-               f"at {unit}, budget {budget / 1e9:.3g} GB")
+        why = (
+            f"forward+backward peaks {peaks[2] / 1e6:.4g} MB at {2 * unit} samples and {peaks[1] / 1e6:.4g} MB "
+            f"at {unit}, budget {budget / 1e9:.3g} GB"
+        )
     units = int(all_gather(acc, torch.tensor([units])).min())  # every rank runs the same micro-batches
     if units == 0:
-        raise UserError(f"algo.memory_budget_gb ({budget / 1e9:.3g} GB) is too small for one micro-batch of {unit} "
-                        f"sample(s) on some rank ({why}); raise it, shorten the samples, or enable the pipeline's "
-                        f"gradient_checkpointing")
+        raise UserError(
+            f"algo.memory_budget_gb ({budget / 1e9:.3g} GB) is too small for one micro-batch of {unit} "
+            f"sample(s) on some rank ({why}); raise it, shorten the samples, or enable the pipeline's "
+            f"gradient_checkpointing"
+        )
     run.say(f"algo.micro_batch_size=auto: {units * unit} samples per forward/backward ({why})")
     return units * unit
 
@@ -306,8 +324,10 @@ def _nonfinite_rewards(run: Run, batch: Batch) -> str | None:
     if not bad_any:
         return None
     g, first = run.cfg.sample.group_size, run.accelerator.process_index * batch.total.numel()
-    mine = "; ".join(f"reward {run.reward_set.names[r]!r} on sample {first + n} "
-                     f"(prompt {batch.prompts[n // g].get('prompt')!r})" for n, r in bad[:5])
+    mine = "; ".join(
+        f"reward {run.reward_set.names[r]!r} on sample {first + n} (prompt {batch.prompts[n // g].get('prompt')!r})"
+        for n, r in bad[:5]
+    )
     return f"non-finite rewards ({int(bad_any)} values): {first_message(run.accelerator, mine or None)}"
 
 
@@ -338,8 +358,10 @@ def _rollout_phase(run: Run, step: int) -> Batch:
     except RewardFailed as err:
         run.sampler.load_state_dict(before)  # the checkpoint resumes at this step, so it draws these prompts again
         path = save_checkpoint(run, step)
-        raise TrainingStopped(f"stopped at step {step}: {err}; checkpoint saved as {path}; fix the reward, then "
-                              f"resume from it", checkpoint=path) from err
+        raise TrainingStopped(
+            f"stopped at step {step}: {err}; checkpoint saved as {path}; fix the reward, then resume from it",
+            checkpoint=path,
+        ) from err
 
 
 def _learn_phase(run: Run, batch: Batch, step: int) -> tuple[dict[str, float], str | None]:
@@ -380,9 +402,15 @@ def train(cfg: Config) -> dict[str, Any]:
                 run.say(f"step {step}: skipped the update: {bad}")
             secs = time.perf_counter() - t0
             metrics.update({f"time/{k}": v for k, v in batch.seconds.items()})
-            metrics.update({"lr": run.scheduler.get_last_lr()[0], "time/step": secs, "skipped": float(bad is not None),
-                            "perf/samples_per_sec": cfg.sample.batch_size * batch.rounds / secs,
-                            "rollout/rounds": batch.rounds})
+            metrics.update(
+                {
+                    "lr": run.scheduler.get_last_lr()[0],
+                    "time/step": secs,
+                    "skipped": float(bad is not None),
+                    "perf/samples_per_sec": cfg.sample.batch_size * batch.rounds / secs,
+                    "rollout/rounds": batch.rounds,
+                }
+            )
             if run.accelerator.is_main_process and (step % cfg.run.log_every == 0 or step == cfg.run.steps - 1):
                 run.outputs().log(step, metrics)
             run.progress(metrics)
@@ -390,17 +418,21 @@ def train(cfg: Config) -> dict[str, Any]:
             last_metrics, done = metrics, step + 1
             if run.bad_streak >= cfg.run.max_bad_steps:
                 path = save_checkpoint(run, done)
-                raise TrainingStopped(f"stopped at step {step}: {run.bad_streak} consecutive steps skipped, the last "
-                                      f"for {bad}; checkpoint saved as {path}; lower optim.lr or check the reward, "
-                                      f"then resume from it", checkpoint=path)
+                raise TrainingStopped(
+                    f"stopped at step {step}: {run.bad_streak} consecutive steps skipped, the last "
+                    f"for {bad}; checkpoint saved as {path}; lower optim.lr or check the reward, "
+                    f"then resume from it",
+                    checkpoint=path,
+                )
             # a signal may reach one rank first: every rank must agree before the collective save
             stopping = any_rank(run.accelerator, stop.signal_name is not None)
             if stopping or (cfg.run.checkpoint_every and done % cfg.run.checkpoint_every == 0):
                 path = save_checkpoint(run, done)
             if stopping:
                 stopped = stop.signal_name or "a stop signal on another rank"
-                run.say(f"received {stopped}: checkpoint saved at step {done} as {path}; resume with "
-                        f"run.resume={path}")
+                run.say(
+                    f"received {stopped}: checkpoint saved at step {done} as {path}; resume with run.resume={path}"
+                )
                 break
         else:
             path = save_checkpoint(run, cfg.run.steps)

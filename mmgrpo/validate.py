@@ -33,8 +33,9 @@ def _check_name(registry, name: str, field: str) -> None:
     if name not in registry:
         same = [n for n in registry.names() if n.lower() == str(name).lower()]
         if same:  # difflib does not see GRPO as close to grpo
-            raise UserError(f"{field}: unknown {registry.kind} {name!r} (did you mean {same[0]!r}?); names are "
-                            f"case-sensitive")
+            raise UserError(
+                f"{field}: unknown {registry.kind} {name!r} (did you mean {same[0]!r}?); names are case-sensitive"
+            )
         raise UserError(f"{field}: {registry.unknown_message(name)}")
 
 
@@ -45,16 +46,20 @@ def _check_kwargs(registry, name: str, kwargs: dict, field: str, skip: tuple = (
         if key not in params:
             same = [p for p in params if p.lower() == str(key).lower() and p not in skip]
             if same:
-                raise UserError(f"{field}: {registry.kind} {name!r} takes no keyword {key!r} (did you mean "
-                                f"{same[0]!r}?); keywords are case-sensitive")
+                raise UserError(
+                    f"{field}: {registry.kind} {name!r} takes no keyword {key!r} (did you mean "
+                    f"{same[0]!r}?); keywords are case-sensitive"
+                )
     try:
         registry.check_kwargs(name, kwargs, field=field, skip=skip)
     except ValueError as err:
         raise UserError(str(err)) from None
     for key, value in kwargs.items():
         where = f"{field}.{key}"
-        _need(not (isinstance(value, float) and math.isnan(value)),
-              f"{where} is nan; give a number, e.g. {where}={params[key].default if key in params else 1.0}")
+        _need(
+            not (isinstance(value, float) and math.isnan(value)),
+            f"{where} is nan; give a number, e.g. {where}={params[key].default if key in params else 1.0}",
+        )
         param = params.get(key)
         if param is None or param.annotation is inspect.Parameter.empty:
             continue
@@ -62,8 +67,10 @@ def _check_kwargs(registry, name: str, kwargs: dict, field: str, skip: tuple = (
             _coerce(value, param.annotation, where)
         except UserError as err:
             default = param.default if param.default is not inspect.Parameter.empty else None
-            raise UserError(f"{err}".split("; fix the value")[0] + f"; {registry.kind} {name!r} takes "
-                            f"{key}: {_annotation(param.annotation)}, e.g. {where}={default!r}") from None
+            raise UserError(
+                f"{err}".split("; fix the value")[0] + f"; {registry.kind} {name!r} takes "
+                f"{key}: {_annotation(param.annotation)}, e.g. {where}={default!r}"
+            ) from None
         if _path_like(key) and isinstance(value, str):
             _check_path_value(where, value)
 
@@ -88,20 +95,25 @@ _TEXT_SUFFIXES = (".txt", ".jsonl", ".json", ".yaml", ".yml", ".csv", ".tsv")
 
 def _check_path_value(where: str, value: str) -> None:
     """A path-like keyword: not empty; a text file (by its suffix) must be a file, UTF-8 and hold a line."""
-    _need(value.strip() != "", f"{where} is an empty string; give a path or name, or remove the key to use the "
-                               f"default")
+    _need(
+        value.strip() != "", f"{where} is an empty string; give a path or name, or remove the key to use the default"
+    )
     p = Path(value)
     if _key_is_dir(where):
         _need(not p.is_file(), f"{where} ({value!r}) is a file, but a directory is expected; give a directory")
         return
     if p.suffix.lower() not in _TEXT_SUFFIXES:
         return
-    _need(not p.is_dir(), f"{where} ({value!r}) is a directory, but a {p.suffix} file is expected; give the file "
-                          f"inside it")
+    _need(
+        not p.is_dir(),
+        f"{where} ({value!r}) is a directory, but a {p.suffix} file is expected; give the file inside it",
+    )
     if p.is_file():
         text = read_text(p, where)
-        _need(text.strip() != "", f"{where} ({value!r}) is empty; it needs at least one non-blank line (one prompt "
-                                  f"or record per line)")
+        _need(
+            text.strip() != "",
+            f"{where} ({value!r}) is empty; it needs at least one non-blank line (one prompt or record per line)",
+        )
 
 
 def _check_finite(obj, where: str = "") -> None:
@@ -145,8 +157,11 @@ def _dry_run(cfg: Config) -> None:
     lkw = dict(a.loss_kwargs)
     if losses.needs_groups(a.loss):
         lkw["group_size"] = g
-    _try(lambda: losses.compute(a.loss, logp, logp, torch.zeros(g), torch.ones(g, 2, dtype=torch.bool), **lkw),
-         "algo.loss_kwargs", a.loss_kwargs)
+    _try(
+        lambda: losses.compute(a.loss, logp, logp, torch.zeros(g), torch.ones(g, 2, dtype=torch.bool), **lkw),
+        "algo.loss_kwargs",
+        a.loss_kwargs,
+    )
 
 
 def _core(fn) -> bool:
@@ -166,38 +181,58 @@ def _try(call, field: str, given: dict) -> None:
 
 def _validate_run(cfg: Config) -> None:
     run = cfg.run
-    _need(run.output_dir.strip() != "", "run.output_dir is empty (it would train into the current directory); "
-                                        "set it, e.g. run.output_dir=runs/my_run")
-    _need(0 <= run.seed < 2**32, f"run.seed ({run.seed}) must be in [0, 2**32 - 1] (numpy and torch seeds), "
-                                 f"e.g. run.seed=0")
+    _need(
+        run.output_dir.strip() != "",
+        "run.output_dir is empty (it would train into the current directory); set it, e.g. run.output_dir=runs/my_run",
+    )
+    _need(
+        0 <= run.seed < 2**32,
+        f"run.seed ({run.seed}) must be in [0, 2**32 - 1] (numpy and torch seeds), e.g. run.seed=0",
+    )
     _need(run.resume.strip() != "", "run.resume is empty; use auto, never or a checkpoint directory")
     _need(run.steps >= 1, f"run.steps ({run.steps}) must be >= 1: it is the number of training iterations")
     _need(run.device in ("auto", "cpu", "cuda"), f"run.device ({run.device!r}) must be auto, cpu or cuda")
-    _need(run.mixed_precision in ("no", "bf16", "fp16"),
-          f"run.mixed_precision ({run.mixed_precision!r}) must be no, bf16 or fp16")
-    _need(run.checkpoint_every >= 0,
-          f"run.checkpoint_every ({run.checkpoint_every}) must be >= 0 (0: only at the end)")
+    _need(
+        run.mixed_precision in ("no", "bf16", "fp16"),
+        f"run.mixed_precision ({run.mixed_precision!r}) must be no, bf16 or fp16",
+    )
+    _need(
+        run.checkpoint_every >= 0, f"run.checkpoint_every ({run.checkpoint_every}) must be >= 0 (0: only at the end)"
+    )
     _need(run.keep_last >= 1, f"run.keep_last ({run.keep_last}) must be >= 1 so a resume point always exists")
     _need(run.log_every >= 1, f"run.log_every ({run.log_every}) must be >= 1")
     _need(run.gallery_every >= 0, f"run.gallery_every ({run.gallery_every}) must be >= 0 (0: first and last step)")
     _need(run.max_bad_steps >= 1, f"run.max_bad_steps ({run.max_bad_steps}) must be >= 1")
-    _need(run.compile in (True, False, "force"),
-          f"run.compile ({run.compile!r}) must be true (CUDA only), force (any device) or false")
+    _need(
+        run.compile in (True, False, "force"),
+        f"run.compile ({run.compile!r}) must be true (CUDA only), force (any device) or false",
+    )
     bad = sorted(set(run.compile_kwargs) - {"fullgraph", "dynamic", "backend", "mode", "options", "disable"})
-    _need(not bad, f"run.compile_kwargs: unknown keyword(s) {bad}; torch.compile takes fullgraph, dynamic, backend, "
-                   f"mode, options and disable")
+    _need(
+        not bad,
+        f"run.compile_kwargs: unknown keyword(s) {bad}; torch.compile takes fullgraph, dynamic, backend, "
+        f"mode, options and disable",
+    )
     for t in run.trackers:
         _need(t in ("tensorboard", "wandb"), f"run.trackers: unknown tracker {t!r}; choose from tensorboard, wandb")
         module = "torch.utils.tensorboard" if t == "tensorboard" else "wandb"
-        _need(importlib.util.find_spec(module.split(".")[0]) is not None and _importable(module),
-              f"run.trackers: {t!r} is not installed; `pip install {t}` or remove it from run.trackers "
-              f"(metrics.jsonl is always written)")
+        _need(
+            importlib.util.find_spec(module.split(".")[0]) is not None and _importable(module),
+            f"run.trackers: {t!r} is not installed; `pip install {t}` or remove it from run.trackers "
+            f"(metrics.jsonl is always written)",
+        )
     if run.resume not in ("auto", "never"):
-        _need(Path(run.resume).is_dir(), f"run.resume ({run.resume!r}) is neither auto, never nor an existing "
-                                         f"checkpoint directory; pass one of those")
+        _need(
+            Path(run.resume).is_dir(),
+            f"run.resume ({run.resume!r}) is neither auto, never nor an existing "
+            f"checkpoint directory; pass one of those",
+        )
         inside = Path(run.output_dir).resolve() in Path(run.resume).resolve().parents
-        _need(not (run.overwrite and inside), f"run.overwrite=true would delete run.resume ({run.resume!r}), which "
-                                              f"is inside run.output_dir; resume with run.overwrite=false")
+        _need(
+            not (run.overwrite and inside),
+            f"run.overwrite=true would delete run.resume ({run.resume!r}), which "
+            f"is inside run.output_dir; resume with run.overwrite=false",
+        )
     _check_output_dir(run.output_dir)
 
 
@@ -209,82 +244,120 @@ def _check_output_dir(path: str) -> None:
     if not probe.is_dir():
         raise UserError(f"run.output_dir ({path!r}): {str(probe)!r} is a file, not a directory; choose another path")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise UserError(f"run.output_dir ({path!r}) is not writable ({str(probe)!r} denies writing); "
-                        f"choose a directory you can write to, e.g. run.output_dir=runs/my_run")
+        raise UserError(
+            f"run.output_dir ({path!r}) is not writable ({str(probe)!r} denies writing); "
+            f"choose a directory you can write to, e.g. run.output_dir=runs/my_run"
+        )
 
 
 def _validate_sample(cfg: Config) -> None:
     s = cfg.sample
-    _need(s.group_size >= 1, f"sample.group_size ({s.group_size}) must be >= 1: it is the number of samples per "
-                             f"prompt; GRPO needs at least 2")
+    _need(
+        s.group_size >= 1,
+        f"sample.group_size ({s.group_size}) must be >= 1: it is the number of samples per "
+        f"prompt; GRPO needs at least 2",
+    )
     _need(s.batch_size >= 1, f"sample.batch_size ({s.batch_size}) must be >= 1 samples per step")
     if s.batch_size % s.group_size:
         lo = max(s.group_size, s.batch_size // s.group_size * s.group_size)
-        raise UserError(f"sample.batch_size ({s.batch_size}) must be divisible by sample.group_size "
-                        f"({s.group_size}): each prompt needs a full group. Use batch_size={lo} or "
-                        f"{lo + s.group_size}, or change group_size")
+        raise UserError(
+            f"sample.batch_size ({s.batch_size}) must be divisible by sample.group_size "
+            f"({s.group_size}): each prompt needs a full group. Use batch_size={lo} or "
+            f"{lo + s.group_size}, or change group_size"
+        )
     _need(s.max_refill_rounds >= 0, f"sample.max_refill_rounds ({s.max_refill_rounds}) must be >= 0")
-    _need(not s.refill or s.filter_zero_std,
-          "sample.refill=true needs sample.filter_zero_std=true: refilling replaces the groups the filter drops")
+    _need(
+        not s.refill or s.filter_zero_std,
+        "sample.refill=true needs sample.filter_zero_std=true: refilling replaces the groups the filter drops",
+    )
     _check_name(sampling.SAMPLERS, s.sampler, "sample.sampler")
-    _check_kwargs(sampling.SAMPLERS, s.sampler, s.sampler_kwargs, "sample.sampler_kwargs",
-                  skip=("num_prompts", "seed"))
+    _check_kwargs(
+        sampling.SAMPLERS, s.sampler, s.sampler_kwargs, "sample.sampler_kwargs", skip=("num_prompts", "seed")
+    )
 
 
 def _validate_algo(cfg: Config) -> None:
     a, s = cfg.algo, cfg.sample
     _check_name(advantages.ADVANTAGES, a.advantage, "algo.advantage")
-    _check_kwargs(advantages.ADVANTAGES, a.advantage, a.advantage_kwargs, "algo.advantage_kwargs",
-                  skip=("rewards", "progress"))
-    if s.group_size == 1 and a.advantage_kwargs.get("std", "group") == "group" and \
-            a.advantage_kwargs.get("singleton", "zero") == "zero":
-        raise UserError(f"sample.group_size=1 with algo.advantage={a.advantage!r} normalises each sample against "
-                        f"itself, so every advantage is 0 and nothing learns; use sample.group_size>=2")
+    _check_kwargs(
+        advantages.ADVANTAGES, a.advantage, a.advantage_kwargs, "algo.advantage_kwargs", skip=("rewards", "progress")
+    )
+    if (
+        s.group_size == 1
+        and a.advantage_kwargs.get("std", "group") == "group"
+        and a.advantage_kwargs.get("singleton", "zero") == "zero"
+    ):
+        raise UserError(
+            f"sample.group_size=1 with algo.advantage={a.advantage!r} normalises each sample against "
+            f"itself, so every advantage is 0 and nothing learns; use sample.group_size>=2"
+        )
     _check_name(losses.POLICY_LOSSES, a.loss, "algo.loss")
-    _check_kwargs(losses.POLICY_LOSSES, a.loss, a.loss_kwargs, "algo.loss_kwargs",
-                  skip=("logp", "old_logp", "adv", "mask", "group_size"))
+    _check_kwargs(
+        losses.POLICY_LOSSES,
+        a.loss,
+        a.loss_kwargs,
+        "algo.loss_kwargs",
+        skip=("logp", "old_logp", "adv", "mask", "group_size"),
+    )
     _dry_run(cfg)
     _validate_micro_batch(a)
     if losses.needs_groups(a.loss) and a.micro_batch_size != "auto":
-        _need(a.micro_batch_size % s.group_size == 0,
-              f"algo.micro_batch_size ({a.micro_batch_size}) must be a multiple of sample.group_size "
-              f"({s.group_size}) for algo.loss={a.loss!r}, which normalises within whole groups")
+        _need(
+            a.micro_batch_size % s.group_size == 0,
+            f"algo.micro_batch_size ({a.micro_batch_size}) must be a multiple of sample.group_size "
+            f"({s.group_size}) for algo.loss={a.loss!r}, which normalises within whole groups",
+        )
     _check_name(losses.AGGREGATIONS, a.aggregation, "algo.aggregation")
     _check_name(losses.KL, a.kl_kind, "algo.kl_kind")
     _need(a.norm_len is None or a.norm_len >= 1, f"algo.norm_len ({a.norm_len}) must be >= 1 or null")
     _need(a.kl_coef >= 0, f"algo.kl_coef ({a.kl_coef}) must be >= 0 (0 disables the KL penalty)")
     _check_name(losses.KL, a.kl_reward_kind, "algo.kl_reward_kind")
-    _need(a.kl_reward_coef >= 0, f"algo.kl_reward_coef ({a.kl_reward_coef}) must be >= 0 (0 disables KL in the "
-                                 f"reward)")
-    _need(a.kl_reward_coef == 0 or advantages.ADVANTAGES.meta(a.advantage).get("input", "scalar") != "multi",
-          f"algo.kl_reward_coef ({a.kl_reward_coef}) penalises the total reward, which algo.advantage "
-          f"({a.advantage!r}) does not read (it takes the per-reward columns); set algo.kl_reward_coef=0 or use "
-          f"algo.kl_coef (KL in the loss)")
+    _need(
+        a.kl_reward_coef >= 0, f"algo.kl_reward_coef ({a.kl_reward_coef}) must be >= 0 (0 disables KL in the reward)"
+    )
+    _need(
+        a.kl_reward_coef == 0 or advantages.ADVANTAGES.meta(a.advantage).get("input", "scalar") != "multi",
+        f"algo.kl_reward_coef ({a.kl_reward_coef}) penalises the total reward, which algo.advantage "
+        f"({a.advantage!r}) does not read (it takes the per-reward columns); set algo.kl_reward_coef=0 or use "
+        f"algo.kl_coef (KL in the loss)",
+    )
     _need(a.inner_epochs >= 1, f"algo.inner_epochs ({a.inner_epochs}) must be >= 1")
-    _need(1 <= a.num_minibatches <= s.batch_size,
-          f"algo.num_minibatches ({a.num_minibatches}) must be between 1 and sample.batch_size ({s.batch_size})")
+    _need(
+        1 <= a.num_minibatches <= s.batch_size,
+        f"algo.num_minibatches ({a.num_minibatches}) must be between 1 and sample.batch_size ({s.batch_size})",
+    )
 
 
 def _validate_micro_batch(a) -> None:
     mbs, budget = a.micro_batch_size, a.memory_budget_gb
     if isinstance(mbs, str):
-        _need(mbs == "auto", f"algo.micro_batch_size ({mbs!r}) must be a whole number of samples >= 1 or auto "
-                             f"(the largest that fits algo.memory_budget_gb)")
+        _need(
+            mbs == "auto",
+            f"algo.micro_batch_size ({mbs!r}) must be a whole number of samples >= 1 or auto "
+            f"(the largest that fits algo.memory_budget_gb)",
+        )
     else:
         _need(mbs >= 1, f"algo.micro_batch_size ({mbs}) must be >= 1 samples (or auto)")
-    _need(budget is None or budget > 0, f"algo.memory_budget_gb ({budget}) must be > 0 GB, e.g. 20, or null "
-                                        f"(80% of the free CUDA memory, half the available RAM on the CPU)")
+    _need(
+        budget is None or budget > 0,
+        f"algo.memory_budget_gb ({budget}) must be > 0 GB, e.g. 20, or null "
+        f"(80% of the free CUDA memory, half the available RAM on the CPU)",
+    )
 
 
 def _validate_optim(cfg: Config) -> None:
     o = cfg.optim
     _need(o.lr > 0, f"optim.lr ({o.lr}) must be > 0, e.g. optim.lr=1e-4")
     _need(o.weight_decay >= 0, f"optim.weight_decay ({o.weight_decay}) must be >= 0")
-    _need(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
-          f"optim.betas ({o.betas}) must be two numbers in [0, 1), e.g. [0.9, 0.999]")
+    _need(
+        len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
+        f"optim.betas ({o.betas}) must be two numbers in [0, 1), e.g. [0.9, 0.999]",
+    )
     _need(o.grad_clip >= 0, f"optim.grad_clip ({o.grad_clip}) must be >= 0 (0 disables clipping)")
-    _need(o.schedule in ("constant", "linear", "cosine"),
-          f"optim.schedule ({o.schedule!r}) must be constant, linear or cosine")
+    _need(
+        o.schedule in ("constant", "linear", "cosine"),
+        f"optim.schedule ({o.schedule!r}) must be constant, linear or cosine",
+    )
     _need(o.warmup_steps >= 0, f"optim.warmup_steps ({o.warmup_steps}) must be >= 0")
     _need(0 <= o.ema_decay < 1, f"optim.ema_decay ({o.ema_decay}) must be in [0, 1) (0 disables the EMA)")
 
@@ -297,17 +370,23 @@ def _check_loss_inputs(cfg: Config) -> None:
     """A pipeline switch that hands the loss extra per-element inputs needs a loss that takes them (checked before
     the model loads, not at the first update)."""
     params = inspect.signature(losses.POLICY_LOSSES.get(cfg.algo.loss)).parameters
-    takers = [n for n in losses.names()
-              if all(k in inspect.signature(losses.POLICY_LOSSES.get(n)).parameters for ks in _LOSS_INPUTS.values()
-                     for k in ks)]
+    takers = [
+        n
+        for n in losses.names()
+        if all(
+            k in inspect.signature(losses.POLICY_LOSSES.get(n)).parameters for ks in _LOSS_INPUTS.values() for k in ks
+        )
+    ]
     for key, needs in _LOSS_INPUTS.items():
         value = cfg.pipeline.kwargs.get(key)
         if value in (None, False, "none") or all(n in params for n in needs):
             continue
         off = "false" if isinstance(value, bool) else "none"
-        raise UserError(f"pipeline.kwargs.{key} ({value!r}) feeds the policy loss per-step {'/'.join(needs)}, which "
-                        f"algo.loss ({cfg.algo.loss!r}) does not take; set algo.loss={' or '.join(takers) or '?'} "
-                        f"(GRPO-Guard's loss) or pipeline.kwargs.{key}={off}")
+        raise UserError(
+            f"pipeline.kwargs.{key} ({value!r}) feeds the policy loss per-step {'/'.join(needs)}, which "
+            f"algo.loss ({cfg.algo.loss!r}) does not take; set algo.loss={' or '.join(takers) or '?'} "
+            f"(GRPO-Guard's loss) or pipeline.kwargs.{key}={off}"
+        )
 
 
 def _validate_components(cfg: Config) -> None:

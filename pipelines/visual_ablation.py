@@ -61,16 +61,18 @@ def _blank_video(path: str, workdir: Path, made: dict[tuple, str]) -> str:
     if key not in made:
         out = workdir / f"blank_{len(made):04d}.mp4"
         # yuv420p needs even sides: an odd one grows by a pixel (the processor resizes to its patch grid anyway)
-        clip = np.empty((info.num_frames, info.height + info.height % 2, info.width + info.width % 2, 3),
-                        dtype=np.uint8)  # [T, H, W, 3]
+        clip = np.empty(
+            (info.num_frames, info.height + info.height % 2, info.width + info.width % 2, 3), dtype=np.uint8
+        )  # [T, H, W, 3]
         clip[:] = colour
         write_mp4(out, clip, Fraction(info.fps).limit_denominator(1001))
         made[key] = str(out)
     return made[key]
 
 
-def ablate_records(records: list[dict[str, Any]], ablation: str, *, seed: int = 0,
-                   workdir: str | Path | None = None) -> list[dict[str, Any]]:
+def ablate_records(
+    records: list[dict[str, Any]], ablation: str, *, seed: int = 0, workdir: str | Path | None = None
+) -> list[dict[str, Any]]:
     """Copies of `records` with their pixels ablated ("blank" | "shuffle"); blank videos are written to `workdir`."""
     if ablation not in ABLATIONS:
         raise ValueError(f"ablation {ablation!r} is unknown; choose from {', '.join(ABLATIONS)}")

@@ -136,7 +136,11 @@ def box_iou_reward(*, threshold: float | None = None, tag: str = "answer") -> Re
     paper="VideoChat-R1; TempSamp-R1 shaping",
 )
 def temporal_iou_reward(
-    *, shaping: str = "none", threshold: float = 0.8, alpha: float = 1.0, tag: str = "answer",
+    *,
+    shaping: str = "none",
+    threshold: float = 0.8,
+    alpha: float = 1.0,
+    tag: str = "answer",
     recall_at: float | None = None,
 ) -> Reward:
     """Temporal IoU of the predicted (start, end) vs field `spans`; empty union scores 0; optional TempSamp shaping.

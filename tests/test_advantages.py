@@ -67,10 +67,17 @@ def test_bad_keyword_is_named():
         compute("asymmetric", torch.zeros(1, 2), base_kwargs={"bogus": 1})
 
 
-@pytest.mark.parametrize("kw, word", [
-    ({"std": "global"}, "std"), ({"ddof": 2}, "ddof"), ({"ddof": True}, "ddof"), ({"eps": -1e-6}, "eps"),
-    ({"eps": float("nan")}, "eps"), ({"singleton": "one"}, "singleton"),
-])
+@pytest.mark.parametrize(
+    "kw, word",
+    [
+        ({"std": "global"}, "std"),
+        ({"ddof": 2}, "ddof"),
+        ({"ddof": True}, "ddof"),
+        ({"eps": -1e-6}, "eps"),
+        ({"eps": float("nan")}, "eps"),
+        ({"singleton": "one"}, "singleton"),
+    ],
+)
 def test_grpo_bad_values(kw, word):
     with pytest.raises(ValueError, match=word):
         compute("grpo", torch.zeros(2, 3), **kw)
@@ -101,10 +108,16 @@ def test_nan_rewards_raise_with_count_and_place(name):
         compute(name, r)
 
 
-@pytest.mark.parametrize("bad, word", [
-    (torch.zeros(0, 4), "empty"), (torch.zeros(2, 0), "empty"), (torch.zeros(8), r"\[B, G\].*\(8,\)"),
-    (torch.zeros(2, 3, 1), r"\(2, 3, 1\)"), ([[1.0, 0.0]], "torch.Tensor"),
-])
+@pytest.mark.parametrize(
+    "bad, word",
+    [
+        (torch.zeros(0, 4), "empty"),
+        (torch.zeros(2, 0), "empty"),
+        (torch.zeros(8), r"\[B, G\].*\(8,\)"),
+        (torch.zeros(2, 3, 1), r"\(2, 3, 1\)"),
+        ([[1.0, 0.0]], "torch.Tensor"),
+    ],
+)
 def test_bad_reward_tensors(bad, word):
     with pytest.raises(ValueError, match=word):
         compute("grpo", bad)
@@ -184,10 +197,18 @@ def test_grpo_matches_naive_loop(std, ddof):
     close(compute("grpo", r, std=std, ddof=ddof), expected)
 
 
-@pytest.mark.parametrize("name, kw", [
-    ("grpo", {}), ("grpo", {"std": "batch"}), ("grpo", {"std": "none"}), ("rloo", {}), ("winrate", {}),
-    ("gdpo", {}), ("mc_grpo", {"scale": "none"}),
-])
+@pytest.mark.parametrize(
+    "name, kw",
+    [
+        ("grpo", {}),
+        ("grpo", {"std": "batch"}),
+        ("grpo", {"std": "none"}),
+        ("rloo", {}),
+        ("winrate", {}),
+        ("gdpo", {}),
+        ("mc_grpo", {"scale": "none"}),
+    ],
+)
 def test_zero_mean_per_group(name, kw):
     x = sample_input(name, B=4, G=5)
     adv = compute(name, x, **kw).double()
@@ -377,18 +398,26 @@ def test_asymmetric_base_gate_and_mask():
     close(compute("asymmetric", r, base="rloo", accuracy_gate=1.0), [[1 / 3, -2 / 3, -2 / 3, 1 / 3]])
     close(compute("asymmetric", r, base="rloo", accuracy_gate=0.25), [[2 / 3, -2 / 3, -2 / 3, 2 / 3]])
     # base kwargs pass through; the loss mask follows the base (mc_grpo pivot of [[3,1,2]] is index 2)
-    close(compute("asymmetric", t([[3, 1, 2]]), base="mc_grpo", base_kwargs={"scale": "none"}, neg_scale=0.5),
-          [[1, -0.5, 0]])
+    close(
+        compute("asymmetric", t([[3, 1, 2]]), base="mc_grpo", base_kwargs={"scale": "none"}, neg_scale=0.5),
+        [[1, -0.5, 0]],
+    )
     assert loss_mask("asymmetric", t([[3, 1, 2]]), base="mc_grpo").tolist() == [[True, True, False]]
     # a multi-reward base works too
     assert compute("asymmetric", torch.rand(2, 3, 2), base="gdpo").shape == (2, 3)
 
 
-@pytest.mark.parametrize("kw, word", [
-    ({"progress": 1.5}, "progress"), ({"pos_scale": -1.0}, "pos_scale"),
-    ({"neg_scale_end": float("inf")}, "neg_scale"),
-    ({"base": "asymmetric"}, "recurse"), ({"base": "nope"}, "choose from"), ({"accuracy_gate": 0.0}, "accuracy_gate"),
-])
+@pytest.mark.parametrize(
+    "kw, word",
+    [
+        ({"progress": 1.5}, "progress"),
+        ({"pos_scale": -1.0}, "pos_scale"),
+        ({"neg_scale_end": float("inf")}, "neg_scale"),
+        ({"base": "asymmetric"}, "recurse"),
+        ({"base": "nope"}, "choose from"),
+        ({"accuracy_gate": 0.0}, "accuracy_gate"),
+    ],
+)
 def test_asymmetric_validation(kw, word):
     with pytest.raises(ValueError, match=word):
         compute("asymmetric", t([[1, 0, 0, 1]]), **kw)
@@ -438,8 +467,10 @@ def test_gaussian_golden_ranks_to_normal_quantiles():
     # G = 4 quantile midpoints: Phi^-1(1/8, 3/8, 5/8, 7/8) = -1.15035, -0.31864, 0.31864, 1.15035
     q = [statistics.NormalDist().inv_cdf((k - 0.5) / 4) for k in range(1, 5)]
     # distinct rewards 0.1, 0.5, 0.9, 0.3 rank 1, 3, 4, 2 -> z_1, z_3, z_4, z_2 (any spacing gives the same)
-    close(compute("gaussian", torch.tensor([[0.1, 0.5, 0.9, 0.3], [-50.0, 0.5, 100.0, 0.3]])),
-          [[q[0], q[2], q[3], q[1]]] * 2)
+    close(
+        compute("gaussian", torch.tensor([[0.1, 0.5, 0.9, 0.3], [-50.0, 0.5, 100.0, 0.3]])),
+        [[q[0], q[2], q[3], q[1]]] * 2,
+    )
     # one correct, three wrong: the three ties share slots 1-3, barycentre (z_1 + z_2 + z_3) / 3 = -0.38345;
     # the correct one gets z_4 = 1.15035; the group still sums to 0; a flat group gets 0
     tied = (q[0] + q[1] + q[2]) / 3

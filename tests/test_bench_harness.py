@@ -42,8 +42,9 @@ def workload(clock: FakeClock, durations: list[float], log: list[str], side: str
 
 def test_measure_pair_alternates_ab_then_ba():
     clock, log = FakeClock(), []
-    r = common.measure_pair(workload(clock, [1.0] * 4, log, "a"), workload(clock, [1.0] * 4, log, "b"),
-                            repeats=3, warmup=1, clock=clock)
+    r = common.measure_pair(
+        workload(clock, [1.0] * 4, log, "a"), workload(clock, [1.0] * 4, log, "b"), repeats=3, warmup=1, clock=clock
+    )
     # pair 0 (warm-up) A,B; pair 1 B,A; pair 2 A,B; pair 3 B,A
     assert log == ["a", "b", "b", "a", "a", "b", "b", "a"]
     assert r["order"] == log
@@ -53,8 +54,13 @@ def test_measure_pair_alternates_ab_then_ba():
 def test_measure_pair_ratio_median_min_max_skip_warmup():
     clock, log = FakeClock(), []
     # A always takes 2 s; B takes 50 s in the warm-up (must be ignored), then 1, 0.5, 4 s
-    r = common.measure_pair(workload(clock, [2.0] * 4, log, "a"), workload(clock, [50.0, 1.0, 0.5, 4.0], log, "b"),
-                            repeats=3, warmup=1, clock=clock)
+    r = common.measure_pair(
+        workload(clock, [2.0] * 4, log, "a"),
+        workload(clock, [50.0, 1.0, 0.5, 4.0], log, "b"),
+        repeats=3,
+        warmup=1,
+        clock=clock,
+    )
     # a/b per pair: 2/1 = 2, 2/0.5 = 4, 2/4 = 0.5 -> median 2, min 0.5, max 4
     assert r["ratios"] == pytest.approx([2.0, 4.0, 0.5])
     assert (r["median"], r["min"], r["max"]) == pytest.approx((2.0, 0.5, 4.0))
@@ -64,9 +70,14 @@ def test_measure_pair_ratio_median_min_max_skip_warmup():
 
 def test_measure_pair_b_over_a_and_even_repeats():
     clock, log = FakeClock(), []
-    r = common.measure_pair(workload(clock, [1.0, 2.0, 4.0, 8.0], log, "a"),
-                            workload(clock, [3.0, 3.0, 3.0, 3.0], log, "b"), repeats=4, warmup=0, ratio="b/a",
-                            clock=clock)
+    r = common.measure_pair(
+        workload(clock, [1.0, 2.0, 4.0, 8.0], log, "a"),
+        workload(clock, [3.0, 3.0, 3.0, 3.0], log, "b"),
+        repeats=4,
+        warmup=0,
+        ratio="b/a",
+        clock=clock,
+    )
     # b/a: 3/1, 3/2, 3/4, 3/8 = 3, 1.5, 0.75, 0.375; median of four = (1.5 + 0.75) / 2 = 1.125
     assert r["ratios"] == pytest.approx([3.0, 1.5, 0.75, 0.375])
     assert r["median"] == pytest.approx(1.125)
@@ -75,8 +86,9 @@ def test_measure_pair_b_over_a_and_even_repeats():
 
 def test_measure_pair_keeps_outputs_of_counted_calls():
     clock, log = FakeClock(), []
-    r = common.measure_pair(workload(clock, [1.0] * 3, log, "a"), workload(clock, [1.0] * 3, log, "b"),
-                            repeats=2, warmup=1, clock=clock)
+    r = common.measure_pair(
+        workload(clock, [1.0] * 3, log, "a"), workload(clock, [1.0] * 3, log, "b"), repeats=2, warmup=1, clock=clock
+    )
     # calls: a1 b2 | b3 a4 | a5 b6 -> counted outputs a4, a5 and b3, b6
     assert r["out_a"] == ["a4", "a5"]
     assert r["out_b"] == ["b3", "b6"]
@@ -123,7 +135,11 @@ def test_summary_rows_go_first_in_results_and_into_the_readme(tmp_path):
     common.write_summary("flow", [("tree", "1.7x", ">= 3x"), ("window", "1.4x", ">= 2x")], sections_dir=tmp_path)
     table = common.summary_table(sections_dir=tmp_path)
     rows = [line for line in table.splitlines()[2:]]
-    assert rows == ["| tree | 1.7x | >= 3x |", "| window | 1.4x | >= 2x |", "| prefix | 3.1x | >= 4x |"]  # ORDER: flow first
+    assert rows == [
+        "| tree | 1.7x | >= 3x |",
+        "| window | 1.4x | >= 2x |",
+        "| prefix | 3.1x | >= 4x |",
+    ]  # ORDER: flow first
     text = common.assemble_results(header="# H", sections_dir=tmp_path, out=tmp_path / "results.md")
     assert text.index("## Summary") < text.index("| tree |") < text.index("## VLM prefix")
     readme = tmp_path / "README.md"

@@ -20,15 +20,25 @@ from rewards.api import REWARDS, FunctionReward
 
 ROOT = Path(__file__).resolve().parents[1]
 TOY = str(ROOT / "configs" / "toy_count.yaml")
-FAST = ["run.progress=false", "run.report=false", "sample.batch_size=16", "algo.micro_batch_size=16",
-        "run.steps=2", "run.checkpoint_every=1", "run.keep_last=2"]
+FAST = [
+    "run.progress=false",
+    "run.report=false",
+    "sample.batch_size=16",
+    "algo.micro_batch_size=16",
+    "run.steps=2",
+    "run.checkpoint_every=1",
+    "run.keep_last=2",
+]
 FLAKY = {"fail": True}
 
 
 def _reward(name: str, fn) -> None:
     if name not in REWARDS:
-        REWARDS.register(name, lambda: FunctionReward(fn, name=name, input="text", fields=("target",)),
-                         doc=f"test-only reward {name}")
+        REWARDS.register(
+            name,
+            lambda: FunctionReward(fn, name=name, input="text", fields=("target",)),
+            doc=f"test-only reward {name}",
+        )
 
 
 def _raises(samples, prompts, target=None):
@@ -57,8 +67,11 @@ def sentinel(tmp_path_factory) -> Path:
 
 
 def snapshot(d: Path) -> dict[str, str]:
-    return {p.relative_to(d).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(d.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(d).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(d.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture
@@ -78,8 +91,14 @@ def files(tmp_path):
 # (id, argv, exit code, substrings of the one stderr line). {run}: the copy of the sentinel run, {tmp}: files.
 T = ["train", TOY, "run.output_dir={run}"]
 C = ["config", TOY, "run.output_dir={run}"]
-AUTO = ["run.resume=auto", "run.steps=3", "run.progress=false", "run.report=false", "sample.batch_size=16",
-        "algo.micro_batch_size=16"]
+AUTO = [
+    "run.resume=auto",
+    "run.steps=3",
+    "run.progress=false",
+    "run.report=false",
+    "sample.batch_size=16",
+    "algo.micro_batch_size=16",
+]
 FLOW = ["pipeline.name=flow"]
 CASES = [
     # non-finite and out-of-range numbers
@@ -116,28 +135,64 @@ CASES = [
     ("refill_rounds_negative", [*T, "sample.max_refill_rounds=-1"], 2, ["sample.max_refill_rounds (-1)"]),
     # empty strings and paths, files and directories
     ("output_dir_empty", [*T, "run.output_dir="], 2, ["run.output_dir is empty", "run.output_dir=runs/my_run"]),
-    ("output_dir_is_a_file", [*T, "run.output_dir={run}/metrics.jsonl"], 2, ["run.output_dir", "metrics.jsonl",
-                                                                             "is a file"]),
+    (
+        "output_dir_is_a_file",
+        [*T, "run.output_dir={run}/metrics.jsonl"],
+        2,
+        ["run.output_dir", "metrics.jsonl", "is a file"],
+    ),
     ("resume_empty", [*T, "run.resume="], 2, ["run.resume is empty"]),
     ("resume_missing", [*T, "run.resume={tmp}/nowhere"], 2, ["run.resume", "nowhere", "auto, never"]),
-    ("recipe_is_a_directory", ["train", "{tmp}/recipe_dir.yaml", "run.output_dir={run}"], 2,
-     ["recipe_dir.yaml", "is a directory"]),
+    (
+        "recipe_is_a_directory",
+        ["train", "{tmp}/recipe_dir.yaml", "run.output_dir={run}"],
+        2,
+        ["recipe_dir.yaml", "is a directory"],
+    ),
     ("recipe_missing", ["train", "{tmp}/nope.yaml", "run.output_dir={run}"], 2, ["nope.yaml", "does not exist"]),
-    ("recipe_not_utf8", ["train", "{tmp}/latin1.yaml", "run.output_dir={run}"], 2,
-     ["latin1.yaml", "not UTF-8", "0xe9", "offset 5", "line 1"]),
-    ("recipe_duplicate_key", ["train", "{tmp}/dup.yaml", "run.output_dir={run}"], 2,
-     ["dup.yaml", "duplicate key 'lr' on lines 27 and 28"]),
+    (
+        "recipe_not_utf8",
+        ["train", "{tmp}/latin1.yaml", "run.output_dir={run}"],
+        2,
+        ["latin1.yaml", "not UTF-8", "0xe9", "offset 5", "line 1"],
+    ),
+    (
+        "recipe_duplicate_key",
+        ["train", "{tmp}/dup.yaml", "run.output_dir={run}"],
+        2,
+        ["dup.yaml", "duplicate key 'lr' on lines 27 and 28"],
+    ),
     ("recipe_a_list", ["train", "{tmp}/list.yaml", "run.output_dir={run}"], 2, ["list.yaml", "must hold a mapping"]),
-    ("override_duplicate_key", [*T, "algo.loss_kwargs={clip_low: 0.1, clip_low: 0.2}"], 2,
-     ["algo.loss_kwargs", "duplicate key 'clip_low'"]),
-    ("prompt_file_not_utf8", [*C, *FLOW, "pipeline.kwargs={data: {tmp}/prompts_latin1.txt}"], 2,
-     ["pipeline.kwargs.data", "prompts_latin1.txt", "0xe9", "offset 17", "line 2"]),
-    ("prompt_file_empty", [*C, *FLOW, "pipeline.kwargs={data: {tmp}/prompts_empty.txt}"], 2,
-     ["pipeline.kwargs.data", "prompts_empty.txt", "is empty"]),
-    ("prompt_file_is_a_directory", [*C, *FLOW, "pipeline.kwargs={data: {tmp}/prompts_dir.txt}"], 2,
-     ["pipeline.kwargs.data", "prompts_dir.txt", "is a directory"]),
-    ("cache_dir_is_a_file", [*C, "pipeline.name=vlm", "pipeline.kwargs={cache_dir: {run}/config.yaml}"], 2,
-     ["pipeline.kwargs.cache_dir", "config.yaml", "is a file, but a directory is expected"]),
+    (
+        "override_duplicate_key",
+        [*T, "algo.loss_kwargs={clip_low: 0.1, clip_low: 0.2}"],
+        2,
+        ["algo.loss_kwargs", "duplicate key 'clip_low'"],
+    ),
+    (
+        "prompt_file_not_utf8",
+        [*C, *FLOW, "pipeline.kwargs={data: {tmp}/prompts_latin1.txt}"],
+        2,
+        ["pipeline.kwargs.data", "prompts_latin1.txt", "0xe9", "offset 17", "line 2"],
+    ),
+    (
+        "prompt_file_empty",
+        [*C, *FLOW, "pipeline.kwargs={data: {tmp}/prompts_empty.txt}"],
+        2,
+        ["pipeline.kwargs.data", "prompts_empty.txt", "is empty"],
+    ),
+    (
+        "prompt_file_is_a_directory",
+        [*C, *FLOW, "pipeline.kwargs={data: {tmp}/prompts_dir.txt}"],
+        2,
+        ["pipeline.kwargs.data", "prompts_dir.txt", "is a directory"],
+    ),
+    (
+        "cache_dir_is_a_file",
+        [*C, "pipeline.name=vlm", "pipeline.kwargs={cache_dir: {run}/config.yaml}"],
+        2,
+        ["pipeline.kwargs.cache_dir", "config.yaml", "is a file, but a directory is expected"],
+    ),
     ("prompt_path_empty", [*C, *FLOW, "pipeline.kwargs={data: ''}"], 2, ["pipeline.kwargs.data", "empty string"]),
     # near misses, names and types
     ("key_case", [*T, "optim.LR=1e-3"], 2, ["'optim.LR'", "did you mean 'optim.lr'?"]),
@@ -149,45 +204,99 @@ CASES = [
     ("loss_kwarg_case", [*T, "algo.loss_kwargs={Clip_low: 0.1}"], 2, ["algo.loss_kwargs", "did you mean 'clip_low'?"]),
     ("pipeline_kwarg_case", [*T, "pipeline.kwargs.Hidden=8"], 2, ["pipeline.kwargs", "did you mean 'hidden'?"]),
     ("reward_kwarg_case", [*T, "rewards.0.kwargs={Max_len: 8}"], 2, ["rewards.0.kwargs", "did you mean 'max_len'?"]),
-    ("pipeline_hidden_text", [*T, "pipeline.kwargs.hidden=big"], 2,
-     ["pipeline.kwargs.hidden", "'big'", "expected int", "pipeline.kwargs.hidden=32"]),
+    (
+        "pipeline_hidden_text",
+        [*T, "pipeline.kwargs.hidden=big"],
+        2,
+        ["pipeline.kwargs.hidden", "'big'", "expected int", "pipeline.kwargs.hidden=32"],
+    ),
     ("pipeline_hidden_zero", [*T, "pipeline.kwargs.hidden=0"], 2, ["pipeline.kwargs.hidden (0)", ">= 1"]),
     ("pipeline_hidden_nan", [*T, "pipeline.kwargs.hidden=.nan"], 2, ["pipeline.kwargs.hidden is nan"]),
     ("pipeline_max_len_one", [*T, "pipeline.kwargs.max_len=1"], 2, ["pipeline.kwargs.max_len (1)"]),
-    ("pipeline_max_target_too_big", [*T, "pipeline.kwargs.max_target=8"], 2,
-     ["pipeline.kwargs.max_target (8)", "max_len (8)"]),
-    ("reward_kwarg_text", [*T, "rewards.0.kwargs={max_len: eight}"], 2,
-     ["rewards.0.kwargs.max_len", "'eight'", "expected int"]),
+    (
+        "pipeline_max_target_too_big",
+        [*T, "pipeline.kwargs.max_target=8"],
+        2,
+        ["pipeline.kwargs.max_target (8)", "max_len (8)"],
+    ),
+    (
+        "reward_kwarg_text",
+        [*T, "rewards.0.kwargs={max_len: eight}"],
+        2,
+        ["rewards.0.kwargs.max_len", "'eight'", "expected int"],
+    ),
     ("device_case", [*T, "run.device=GPU"], 2, ["run.device ('GPU')"]),
     ("mixed_precision", [*T, "run.mixed_precision=fp8"], 2, ["run.mixed_precision ('fp8')"]),
     ("overwrite_text", [*T, "run.overwrite=maybe"], 2, ["run.overwrite", "expected bool"]),
     ("override_no_equals", [*T, "optim.lr"], 2, ["'optim.lr'", "key.sub=value"]),
     ("override_bad_index", [*T, "rewards.5.weight=1"], 2, ["rewards.5.weight", "not an index"]),
     # the earlier run in the directory
-    ("dir_holds_a_run", [*T, "run.resume=never"], 2,
-     ["already holds a run", "run.resume=auto", "run.output_dir=<new dir>", "run.overwrite=true"]),
-    ("resume_older_checkpoint", [*T, "run.resume={run}/checkpoints/step_00000001"], 2,
-     ["already holds a run", "step_00000001", "newest valid checkpoint (step_00000002)"]),
-    ("overwrite_deletes_resume", [*T, "run.overwrite=true", "run.resume={run}/checkpoints/step_00000002"], 2,
-     ["run.overwrite=true would delete run.resume"]),
+    (
+        "dir_holds_a_run",
+        [*T, "run.resume=never"],
+        2,
+        ["already holds a run", "run.resume=auto", "run.output_dir=<new dir>", "run.overwrite=true"],
+    ),
+    (
+        "resume_older_checkpoint",
+        [*T, "run.resume={run}/checkpoints/step_00000001"],
+        2,
+        ["already holds a run", "step_00000001", "newest valid checkpoint (step_00000002)"],
+    ),
+    (
+        "overwrite_deletes_resume",
+        [*T, "run.overwrite=true", "run.resume={run}/checkpoints/step_00000002"],
+        2,
+        ["run.overwrite=true would delete run.resume"],
+    ),
     # found when the run is set up (after the model is built, before any step)
-    ("reward_labels_repeat", [*T, *AUTO, "rewards=[{name: toy_count}, {name: toy_count}]"], 2,
-     ["reward labels must be unique"]),
+    (
+        "reward_labels_repeat",
+        [*T, *AUTO, "rewards=[{name: toy_count}, {name: toy_count}]"],
+        2,
+        ["reward labels must be unique"],
+    ),
     # found at the first step of a resumed run: stop (exit 1), name the reward and a checkpoint that exists
-    ("reward_raises", [*T, *AUTO, "rewards=[{name: cli_bad_raises}]"], 1,
-     ["stopped at step 2", "reward 'cli_bad_raises'", "scorer crashed", "step_00000002", "resume with: mmgrpo train"]),
-    ("reward_without_its_field", [*T, *AUTO, "rewards=[{name: accuracy}]"], 1,
-     ["stopped at step 2", "reward 'accuracy'", "needs field(s) answers", "step_00000002", "resume with:"]),
-    ("reward_wrong_count", [*T, *AUTO, "rewards=[{name: cli_bad_short}]"], 1,
-     ["stopped at step 2", "reward 'cli_bad_short'", "scores for", "step_00000002"]),
+    (
+        "reward_raises",
+        [*T, *AUTO, "rewards=[{name: cli_bad_raises}]"],
+        1,
+        [
+            "stopped at step 2",
+            "reward 'cli_bad_raises'",
+            "scorer crashed",
+            "step_00000002",
+            "resume with: mmgrpo train",
+        ],
+    ),
+    (
+        "reward_without_its_field",
+        [*T, *AUTO, "rewards=[{name: accuracy}]"],
+        1,
+        ["stopped at step 2", "reward 'accuracy'", "needs field(s) answers", "step_00000002", "resume with:"],
+    ),
+    (
+        "reward_wrong_count",
+        [*T, *AUTO, "rewards=[{name: cli_bad_short}]"],
+        1,
+        ["stopped at step 2", "reward 'cli_bad_short'", "scores for", "step_00000002"],
+    ),
     # the other sub-commands
     ("eval_group_size_zero", ["eval", TOY, "run.output_dir={run}", "group_size=0"], 2, ["group_size=0", ">= 1"]),
     ("eval_limit_negative", ["eval", TOY, "run.output_dir={run}", "limit=-1"], 2, ["limit=-1", ">= 0"]),
-    ("eval_ckpt_a_file", ["eval", TOY, "run.output_dir={run}", "ckpt={run}/metrics.jsonl"], 2,
-     ["ckpt", "metrics.jsonl", "not a valid checkpoint"]),
+    (
+        "eval_ckpt_a_file",
+        ["eval", TOY, "run.output_dir={run}", "ckpt={run}/metrics.jsonl"],
+        2,
+        ["ckpt", "metrics.jsonl", "not a valid checkpoint"],
+    ),
     ("sample_n_zero", ["sample", TOY, "run.output_dir={run}", "n=0"], 2, ["n=0", ">= 1"]),
-    ("sample_out_existing_file", ["sample", TOY, "run.output_dir={run}", "out={run}/config.yaml"], 2,
-     ["out=", "config.yaml", "an existing file"]),
+    (
+        "sample_out_existing_file",
+        ["sample", TOY, "run.output_dir={run}", "out={run}/config.yaml"],
+        2,
+        ["out=", "config.yaml", "an existing file"],
+    ),
     ("sample_ema_text", ["sample", TOY, "run.output_dir={run}", "ema=maybe"], 2, ["ema='maybe'", "true or false"]),
     ("config_bad_key", [*C, "algo.kl_cof=1"], 2, ["did you mean 'algo.kl_coef'?"]),
     ("list_unknown", ["list", "nonsense"], 2, ["'nonsense'", "choose from"]),
@@ -255,8 +364,18 @@ def test_nan_stop_keeps_the_earlier_steps(sentinel, tmp_path, capsys):
     shutil.copytree(sentinel, run)
     before = snapshot(run)
     old_rows = (run / "metrics.jsonl").read_text()
-    code = main(["train", TOY, f"run.output_dir={run}", *FAST, "run.steps=5", "run.resume=auto",
-                 "run.max_bad_steps=1", "rewards=[{name: cli_bad_nan}]"])
+    code = main(
+        [
+            "train",
+            TOY,
+            f"run.output_dir={run}",
+            *FAST,
+            "run.steps=5",
+            "run.resume=auto",
+            "run.max_bad_steps=1",
+            "rewards=[{name: cli_bad_nan}]",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 1 and len(err.splitlines()) == 1, err
     new = run / "checkpoints" / "step_00000003"
@@ -275,7 +394,9 @@ def test_overwrite_replaces_the_earlier_run(sentinel, tmp_path, capsys):
     (run / "eval").mkdir()
     (run / "eval" / "step_00000002.json").write_text("{}")  # the earlier run's eval must not head the new report
     assert main(["train", TOY, f"run.output_dir={run}", *FAST, "run.steps=1", "run.overwrite=true"]) == 0
-    assert "deleted the earlier run's config.yaml, metrics.jsonl, gallery, checkpoints, eval" in capsys.readouterr().out
+    assert (
+        "deleted the earlier run's config.yaml, metrics.jsonl, gallery, checkpoints, eval" in capsys.readouterr().out
+    )
     assert not (run / "eval").exists()
     assert [p.name for p in checkpoint.list_checkpoints(run / "checkpoints")] == ["step_00000001"]
     assert (run / "notes.txt").read_text() == "mine"  # only the run's own files go
@@ -310,8 +431,10 @@ def test_restart_before_the_first_checkpoint_is_allowed(tmp_path):
 OOM = "mmgrpo: error: unexpected RuntimeError: CUDA out of memory"
 
 
-@pytest.mark.parametrize("crash,code,head", [(KeyboardInterrupt(), 130, "mmgrpo: interrupted"),
-                                             (RuntimeError("CUDA out of memory"), 2, OOM)])
+@pytest.mark.parametrize(
+    "crash,code,head",
+    [(KeyboardInterrupt(), 130, "mmgrpo: interrupted"), (RuntimeError("CUDA out of memory"), 2, OOM)],
+)
 def test_a_crash_names_the_newest_checkpoint(sentinel, tmp_path, capsys, monkeypatch, crash, code, head):
     """Ctrl-C twice, or a bug: one line, and for train the newest valid checkpoint and the command that resumes it."""
     run = tmp_path / "run"

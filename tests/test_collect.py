@@ -12,10 +12,13 @@ from mmgrpo.types import Rollout
 
 
 def _rollout(n: int, k: int, tag: str) -> Rollout:
-    return Rollout(samples=[f"{tag}{i}" for i in range(n)], old_logp=torch.full((n, k), -1.0),
-                   mask=torch.ones(n, k, dtype=torch.bool),
-                   extras={"tokens": torch.arange(n * k).view(n, k), "reward_fields": {"lengths": [k] * n},
-                           "temperature": 0.7}, metrics={"rollout/length_mean": float(k)})
+    return Rollout(
+        samples=[f"{tag}{i}" for i in range(n)],
+        old_logp=torch.full((n, k), -1.0),
+        mask=torch.ones(n, k, dtype=torch.bool),
+        extras={"tokens": torch.arange(n * k).view(n, k), "reward_fields": {"lengths": [k] * n}, "temperature": 0.7},
+        metrics={"rollout/length_mean": float(k)},
+    )
 
 
 def test_cat_pads_ragged_k_and_keeps_extras_aligned():
@@ -63,8 +66,12 @@ class _Policy:
     def rollout(self, prompts, g, seeds):
         samples = [f"{p['prompt']} s{j}" for p in prompts for j in range(g)]
         n = len(samples)
-        return Rollout(samples=samples, old_logp=torch.zeros(n, 2), mask=torch.ones(n, 2, dtype=torch.bool),
-                       extras={"sample_id": torch.arange(n)})
+        return Rollout(
+            samples=samples,
+            old_logp=torch.zeros(n, 2),
+            mask=torch.ones(n, 2, dtype=torch.bool),
+            extras={"sample_id": torch.arange(n)},
+        )
 
 
 def _reward_set(samples, texts, group_size, scores):
@@ -78,12 +85,19 @@ def _run(rounds: list[list[int]], *, refill: bool, max_rounds: int = 3, diversit
     data = [{"prompt": f"p{i}", "scores": [0.5, 0.5] if i in flat else [0.0, 1.0]} for i in range(8)]
     said = []
     run = SimpleNamespace(
-        cfg=SimpleNamespace(run=SimpleNamespace(seed=0),
-                            sample=SimpleNamespace(group_size=g, batch_size=3 * g, filter_zero_std=True,
-                                                   refill=refill, max_refill_rounds=max_rounds)),
+        cfg=SimpleNamespace(
+            run=SimpleNamespace(seed=0),
+            sample=SimpleNamespace(
+                group_size=g, batch_size=3 * g, filter_zero_std=True, refill=refill, max_refill_rounds=max_rounds
+            ),
+        ),
         accelerator=SimpleNamespace(num_processes=1, process_index=0, device=torch.device("cpu")),
-        sampler=_Scripted(rounds, diversity_weight), task=SimpleNamespace(train_data=data), policy=_Policy(),
-        reward_set=_reward_set, say=said.append)
+        sampler=_Scripted(rounds, diversity_weight),
+        task=SimpleNamespace(train_data=data),
+        policy=_Policy(),
+        reward_set=_reward_set,
+        say=said.append,
+    )
     return collect(run, step=0), run, said
 
 

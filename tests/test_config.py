@@ -37,8 +37,9 @@ def _sections() -> list[type]:
 
 
 def _recipes() -> list[Path]:
-    return sorted(p for p in (ROOT / "configs").rglob("*.y*ml")
-                  if "accelerate" not in p.relative_to(ROOT / "configs").parts[:1])
+    return sorted(
+        p for p in (ROOT / "configs").rglob("*.y*ml") if "accelerate" not in p.relative_to(ROOT / "configs").parts[:1]
+    )
 
 
 def test_defaults_validate():
@@ -62,8 +63,16 @@ def test_toy_recipe_loads():
 
 
 def test_nested_and_list_item_overrides():
-    cfg = load_config(TOY, ["algo.kl_coef=0.01", "pipeline.kwargs.hidden=16", "rewards.0.weight=2",
-                            "rewards.0.kwargs.max_len=8", "run.output_dir=out/a"])
+    cfg = load_config(
+        TOY,
+        [
+            "algo.kl_coef=0.01",
+            "pipeline.kwargs.hidden=16",
+            "rewards.0.weight=2",
+            "rewards.0.kwargs.max_len=8",
+            "run.output_dir=out/a",
+        ],
+    )
     assert cfg.algo.kl_coef == 0.01
     assert cfg.pipeline.kwargs == {"max_target": 6, "max_len": 8, "hidden": 16}
     assert cfg.rewards[0].weight == 2.0 and cfg.rewards[0].name == "toy_count"
@@ -72,9 +81,18 @@ def test_nested_and_list_item_overrides():
 
 def test_overrides_are_yaml_typed(monkeypatch):
     monkeypatch.setattr(validate_mod, "_importable", lambda module: True)  # tensorboard need not be installed here
-    cfg = load_config(TOY, ["optim.betas=[0.9, 0.95]", "algo.norm_len=null", "run.progress=false",
-                            "sample.filter_zero_std=true", "run.trackers=[tensorboard]", "run.seed=7",
-                            "algo.loss_kwargs={clip_low: 0.2, clip_high: 0.28, dual_clip: 3.0}"])
+    cfg = load_config(
+        TOY,
+        [
+            "optim.betas=[0.9, 0.95]",
+            "algo.norm_len=null",
+            "run.progress=false",
+            "sample.filter_zero_std=true",
+            "run.trackers=[tensorboard]",
+            "run.seed=7",
+            "algo.loss_kwargs={clip_low: 0.2, clip_high: 0.28, dual_clip: 3.0}",
+        ],
+    )
     assert cfg.optim.betas == [0.9, 0.95]
     assert cfg.algo.norm_len is None
     assert cfg.run.progress is False and cfg.sample.filter_zero_std is True
@@ -87,13 +105,21 @@ def test_overrides_are_yaml_typed(monkeypatch):
 
 def test_parse_overrides_keeps_text_after_first_equals():
     assert parse_overrides(["pipeline.kwargs.prompt=a=b", "x.y=", "z=[1, 2]"]) == [
-        ("pipeline.kwargs.prompt", "a=b"), ("x.y", ""), ("z", [1, 2])]
+        ("pipeline.kwargs.prompt", "a=b"),
+        ("x.y", ""),
+        ("z", [1, 2]),
+    ]
 
 
 def test_ints_widen_to_float():
     cfg = load_config(TOY, ["optim.lr=1", "algo.kl_coef=0", "optim.betas=[0, 0.5]", "rewards.0.weight=3"])
-    for value, want in [(cfg.optim.lr, 1.0), (cfg.algo.kl_coef, 0.0), (cfg.rewards[0].weight, 3.0),
-                        (cfg.optim.betas[0], 0.0), (cfg.optim.betas[1], 0.5)]:
+    for value, want in [
+        (cfg.optim.lr, 1.0),
+        (cfg.algo.kl_coef, 0.0),
+        (cfg.rewards[0].weight, 3.0),
+        (cfg.optim.betas[0], 0.0),
+        (cfg.optim.betas[1], 0.5),
+    ]:
         assert type(value) is float and value == want
 
 
@@ -101,8 +127,10 @@ def test_yaml_scalars_follow_yaml_1_2(tmp_path):
     # PyYAML's YAML 1.1 defaults read `1e-4` as the text "1e-4" and `no` as False; recipes mean a float and "no",
     # also inside kwargs dicts, where no field type could repair them later
     recipe = tmp_path / "r.yaml"
-    recipe.write_text("run: {mixed_precision: no, resume: never}\noptim: {lr: 1e-4}\n"
-                      "algo: {kl_coef: 4e-2, advantage_kwargs: {eps: 1e-6}}\n")
+    recipe.write_text(
+        "run: {mixed_precision: no, resume: never}\noptim: {lr: 1e-4}\n"
+        "algo: {kl_coef: 4e-2, advantage_kwargs: {eps: 1e-6}}\n"
+    )
     cfg = load_config(recipe, ["optim.ema_decay=9e-1", "pipeline.kwargs.hidden=16", "run.progress=false"])
     assert (cfg.optim.lr, cfg.algo.kl_coef, cfg.optim.ema_decay) == (1e-4, 4e-2, 0.9)
     assert type(cfg.algo.advantage_kwargs["eps"]) is float and cfg.algo.advantage_kwargs["eps"] == 1e-6
@@ -113,7 +141,13 @@ def test_yaml_scalars_follow_yaml_1_2(tmp_path):
     with pytest.raises(UserError, match="run.progress: expected bool, got 'yes'"):
         load_config(TOY, ["run.progress=yes"])
     assert parse_overrides(["a=.5", "b=-1E+3", "c=1_000", "d=.inf", "e=1.2.3", "f=."]) == [
-        ("a", 0.5), ("b", -1000.0), ("c", 1000), ("d", float("inf")), ("e", "1.2.3"), ("f", ".")]
+        ("a", 0.5),
+        ("b", -1000.0),
+        ("c", 1000),
+        ("d", float("inf")),
+        ("e", "1.2.3"),
+        ("f", "."),
+    ]
 
 
 def test_bool_is_not_an_int_and_int_is_not_a_bool():
@@ -133,8 +167,7 @@ def test_empty_and_null_sections_use_defaults(tmp_path):
 
 
 def test_override_creates_missing_section_keys():
-    cfg = load_config(None, ["pipeline.kwargs.hidden=8", "sample.sampler_kwargs.prior_alpha=2",
-                             "sample.sampler=vade"])
+    cfg = load_config(None, ["pipeline.kwargs.hidden=8", "sample.sampler_kwargs.prior_alpha=2", "sample.sampler=vade"])
     assert cfg.pipeline.kwargs == {"hidden": 8}
     assert cfg.sample.sampler_kwargs == {"prior_alpha": 2}
 
@@ -149,16 +182,30 @@ def test_every_field_has_a_docstring(cls):
 
 
 def test_sections_cover_config():
-    assert {c.__name__ for c in _sections()} == {"RunConfig", "PipelineConfig", "SampleConfig", "AlgoConfig",
-                                                 "OptimConfig", "RewardSpec"}
+    assert {c.__name__ for c in _sections()} == {
+        "RunConfig",
+        "PipelineConfig",
+        "SampleConfig",
+        "AlgoConfig",
+        "OptimConfig",
+        "RewardSpec",
+    }
 
 
 def test_save_round_trip(tmp_path, monkeypatch):
     monkeypatch.setattr(validate_mod, "_importable", lambda module: True)
-    cfg = load_config(TOY, [f"run.output_dir={tmp_path / 'out'}", "run.trackers=[tensorboard]",
-                            "algo.norm_len=12", "algo.kl_coef=0.05", "optim.betas=[0.8, 0.9]",
-                            ("rewards=[{name: toy_count, weight: 0.5, kwargs: {max_len: 8}}, "
-                             "{name: format, weight: 2}]"), "pipeline.kwargs.hidden=16"])
+    cfg = load_config(
+        TOY,
+        [
+            f"run.output_dir={tmp_path / 'out'}",
+            "run.trackers=[tensorboard]",
+            "algo.norm_len=12",
+            "algo.kl_coef=0.05",
+            "optim.betas=[0.8, 0.9]",
+            ("rewards=[{name: toy_count, weight: 0.5, kwargs: {max_len: 8}}, {name: format, weight: 2}]"),
+            "pipeline.kwargs.hidden=16",
+        ],
+    )
     path = tmp_path / "saved.yaml"
     cfg.save(path)
     again = load_config(path)
@@ -182,13 +229,19 @@ def test_every_recipe_validates_in_a_fresh_process():
     import subprocess
     import sys
 
-    code = ("import sys; from mmgrpo.config import load_config\n"
-            "for p in sys.argv[1:]:\n    load_config(p)\nprint('ok', len(sys.argv) - 1)")
+    code = (
+        "import sys; from mmgrpo.config import load_config\n"
+        "for p in sys.argv[1:]:\n    load_config(p)\nprint('ok', len(sys.argv) - 1)"
+    )
     folders: dict[Path, list[str]] = {}
     for p in _recipes():
         folders.setdefault(p.parent, []).append(str(p))
-    procs = {d: subprocess.Popen([sys.executable, "-c", code, *paths], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True, cwd=ROOT) for d, paths in folders.items()}
+    procs = {
+        d: subprocess.Popen(
+            [sys.executable, "-c", code, *paths], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+        )
+        for d, paths in folders.items()
+    }
     for d, proc in procs.items():
         out, err = proc.communicate()
         assert proc.returncode == 0 and out.strip() == f"ok {len(folders[d])}", f"{d}: {err[-2000:]}"
@@ -207,8 +260,9 @@ def _generator():
 
 def test_config_docs_up_to_date():
     docs = (ROOT / "docs" / "config.md").read_text()
-    assert docs == _generator().render(), \
+    assert docs == _generator().render(), (
         "docs/config.md is stale: run `python tools/gen_config_docs.py > docs/config.md`"
+    )
 
 
 def test_config_docs_list_every_field():

@@ -28,11 +28,21 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 
 # every core estimator, with option sets that take different code paths (eps = 0 where the estimator allows it)
 ESTIMATORS = [
-    ("grpo", {}), ("grpo", {"std": "batch", "eps": 0.0, "ddof": 0}), ("grpo", {"std": "none"}),
-    ("rloo", {}), ("mc_grpo", {}), ("mc_grpo", {"scale": "std", "eps": 0.0}), ("mc_grpo", {"rescale_nonzero": True}),
-    ("passk", {"eps": 0.0}), ("gdpo", {"eps": 0.0}), ("gdpo", {"batch_norm": False}), ("winrate", {"eps": 0.0}),
-    ("asymmetric", {"accuracy_gate": 1.0, "difficulty_focus": True, "pos_scale": 0.5, "neg_scale_end": 2.0,
-                    "progress": 0.5}),
+    ("grpo", {}),
+    ("grpo", {"std": "batch", "eps": 0.0, "ddof": 0}),
+    ("grpo", {"std": "none"}),
+    ("rloo", {}),
+    ("mc_grpo", {}),
+    ("mc_grpo", {"scale": "std", "eps": 0.0}),
+    ("mc_grpo", {"rescale_nonzero": True}),
+    ("passk", {"eps": 0.0}),
+    ("gdpo", {"eps": 0.0}),
+    ("gdpo", {"batch_norm": False}),
+    ("winrate", {"eps": 0.0}),
+    (
+        "asymmetric",
+        {"accuracy_gate": 1.0, "difficulty_focus": True, "pos_scale": 0.5, "neg_scale_end": 2.0, "progress": 0.5},
+    ),
 ]
 
 
@@ -106,11 +116,20 @@ def _flat_reference(name: str, kw: dict, flat: list, uid: list[int]) -> list[flo
     return out
 
 
-@pytest.mark.parametrize("name, kw", [
-    ("grpo", {}), ("grpo", {"ddof": 0, "eps": 1e-4}), ("grpo", {"std": "batch"}),
-    ("grpo", {"std": "batch", "ddof": 0}), ("grpo", {"std": "none"}), ("rloo", {}), ("mc_grpo", {}),
-    ("passk", {}), ("gdpo", {"weights": [1.0, 0.5]}),
-])
+@pytest.mark.parametrize(
+    "name, kw",
+    [
+        ("grpo", {}),
+        ("grpo", {"ddof": 0, "eps": 1e-4}),
+        ("grpo", {"std": "batch"}),
+        ("grpo", {"std": "batch", "ddof": 0}),
+        ("grpo", {"std": "none"}),
+        ("rloo", {}),
+        ("mc_grpo", {}),
+        ("passk", {}),
+        ("gdpo", {"weights": [1.0, 0.5]}),
+    ],
+)
 def test_batched_equals_flattened_shuffled_reference(name, kw):
     B, G = 4, 5
     gen = torch.Generator().manual_seed(0)
@@ -126,10 +145,19 @@ def test_batched_equals_flattened_shuffled_reference(name, kw):
     assert_close(compute(name, r, **kw).reshape(-1).double(), t(expected), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("name, kw", [
-    ("grpo", {}), ("grpo", {"std": "none"}), ("rloo", {}), ("mc_grpo", {}), ("passk", {}), ("winrate", {}),
-    ("gdpo", {"batch_norm": False}), ("asymmetric", {"pos_scale": 0.5, "neg_scale": 2.0}),
-])
+@pytest.mark.parametrize(
+    "name, kw",
+    [
+        ("grpo", {}),
+        ("grpo", {"std": "none"}),
+        ("rloo", {}),
+        ("mc_grpo", {}),
+        ("passk", {}),
+        ("winrate", {}),
+        ("gdpo", {"batch_norm": False}),
+        ("asymmetric", {"pos_scale": 0.5, "neg_scale": 2.0}),
+    ],
+)
 def test_group_local_estimators_treat_each_row_alone(name, kw):
     x = _random_input(name)
     adv = compute(name, x, **kw)
@@ -137,9 +165,14 @@ def test_group_local_estimators_treat_each_row_alone(name, kw):
         assert_close(compute(name, x[b : b + 1], **kw), adv[b : b + 1])
 
 
-@pytest.mark.parametrize("name, kw", [
-    ("grpo", {"std": "batch"}), ("gdpo", {}), ("asymmetric", {"accuracy_gate": 1.0}),
-])
+@pytest.mark.parametrize(
+    "name, kw",
+    [
+        ("grpo", {"std": "batch"}),
+        ("gdpo", {}),
+        ("asymmetric", {"accuracy_gate": 1.0}),
+    ],
+)
 def test_batch_coupled_options_do_depend_on_other_rows(name, kw):
     # the row-by-row check above can fail: these options use statistics of the whole batch
     x = _random_input(name)
@@ -168,8 +201,9 @@ def test_mc_grpo_rescale_nonzero_golden():
     # binary [[1,0,0]]: median 0, MAD 0 -> 1 / 1e-3 = 1000; one non-zero of 3 -> x 3 = 3000
     assert_close(compute("mc_grpo", t([[1, 0, 0]]), rescale_nonzero=True).double(), t([[3000.0, 0, 0]]))
     # scale="none": [1,-1,0,0,7] x 5/3 exactly
-    assert_close(compute("mc_grpo", r, scale="none", rescale_nonzero=True).double(),
-                 t([[5 / 3, -5 / 3, 0, 0, 35 / 3]]))
+    assert_close(
+        compute("mc_grpo", r, scale="none", rescale_nonzero=True).double(), t([[5 / 3, -5 / 3, 0, 0, 35 / 3]])
+    )
     with pytest.raises(ValueError, match="rescale_nonzero"):
         compute("mc_grpo", r, rescale_nonzero=1)
 
@@ -253,15 +287,18 @@ def test_signatures_named_by_the_issue():
     assert {"vade", "mmr1_vas"} <= set(sampling.names())
 
 
-@pytest.mark.parametrize("call, choices", [
-    (lambda: compute("nope", torch.zeros(1, 2)), "grpo"),
-    (lambda: loss_mask("nope", torch.zeros(1, 2)), "mc_grpo"),
-    (lambda: losses.compute("nope", *[torch.zeros(1, 1)] * 2, torch.zeros(1), torch.ones(1, 1)), "reg_grpo"),
-    (lambda: aggregate(torch.zeros(1, 1), torch.ones(1, 1), "nope"), "token_mean"),
-    (lambda: denominator(torch.ones(1, 1), "nope"), "seq_mean_token_sum_norm"),
-    (lambda: kl(torch.zeros(1, 1), torch.zeros(1, 1), "nope"), "k3"),
-    (lambda: sampling.make_sampler("nope", 3), "vade"),
-])
+@pytest.mark.parametrize(
+    "call, choices",
+    [
+        (lambda: compute("nope", torch.zeros(1, 2)), "grpo"),
+        (lambda: loss_mask("nope", torch.zeros(1, 2)), "mc_grpo"),
+        (lambda: losses.compute("nope", *[torch.zeros(1, 1)] * 2, torch.zeros(1), torch.ones(1, 1)), "reg_grpo"),
+        (lambda: aggregate(torch.zeros(1, 1), torch.ones(1, 1), "nope"), "token_mean"),
+        (lambda: denominator(torch.ones(1, 1), "nope"), "seq_mean_token_sum_norm"),
+        (lambda: kl(torch.zeros(1, 1), torch.zeros(1, 1), "nope"), "k3"),
+        (lambda: sampling.make_sampler("nope", 3), "vade"),
+    ],
+)
 def test_every_unknown_name_lists_the_choices(call, choices):
     with pytest.raises(ValueError, match=rf"unknown .*'nope'.*choose from: .*{choices}"):
         call()
@@ -274,8 +311,13 @@ def _core_names() -> dict[str, list[str]]:
     def own(reg) -> list[str]:  # pipelines register more names into the same registries; those live elsewhere
         return [n for n in reg.names() if reg.get(n).__module__.startswith("mmgrpo.")]
 
-    return {"advantage": own(ADVANTAGES), "loss": own(losses.POLICY_LOSSES), "aggregation": own(losses.AGGREGATIONS),
-            "kl": own(losses.KL), "sampler": own(sampling.SAMPLERS)}
+    return {
+        "advantage": own(ADVANTAGES),
+        "loss": own(losses.POLICY_LOSSES),
+        "aggregation": own(losses.AGGREGATIONS),
+        "kl": own(losses.KL),
+        "sampler": own(sampling.SAMPLERS),
+    }
 
 
 def test_readme_core_maths_has_formula_and_paper_for_every_core_name():

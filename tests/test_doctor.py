@@ -74,7 +74,7 @@ def test_each_path_is_a_valid_recipe(check, tmp_path):
 
     cmd = command(check, tmp_path / "run", steps=2)
     train = cmd.index("train")
-    cfg = load_config(str(Path(doctor.ROOT) / cmd[train + 1]), cmd[train + 2:])
+    cfg = load_config(str(Path(doctor.ROOT) / cmd[train + 1]), cmd[train + 2 :])
     assert cfg.run.steps == 2 and cfg.run.output_dir == str(tmp_path / "run")
     if check.accelerate:
         assert (Path(doctor.ROOT) / check.accelerate).is_file()

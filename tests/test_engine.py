@@ -115,8 +115,15 @@ def test_checkpoint_holds_export_and_metrics(tmp_path):
     train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=2"]))
     (ckpt,) = checkpoint.list_checkpoints(tmp_path / "checkpoints")
     files = json.loads((ckpt / "manifest.json").read_text())["files"]
-    assert {"weights.safetensors", "state.pt", "rng_rank0.pt", "config.yaml", "metrics.jsonl",
-            "export/model.safetensors", "export/config.json"} <= set(files)
+    assert {
+        "weights.safetensors",
+        "state.pt",
+        "rng_rank0.pt",
+        "config.yaml",
+        "metrics.jsonl",
+        "export/model.safetensors",
+        "export/config.json",
+    } <= set(files)
     assert [json.loads(line)["step"] for line in (ckpt / "metrics.jsonl").read_text().splitlines()] == [0, 1]
     # the exported model rebuilds without mmgrpo's checkpoint code and equals the trained weights
     spec = json.loads((ckpt / "export" / "config.json").read_text())
@@ -135,8 +142,11 @@ def test_resume_into_a_fresh_directory_keeps_metrics_and_says_what_changed(tmp_p
     capsys.readouterr()
     second = tmp_path / "second"
     ckpt = first / "checkpoints" / "step_00000002"
-    train(load_config(RECIPE, [f"run.output_dir={second}", *FAST, "run.steps=5", "run.checkpoint_every=2",
-                               f"run.resume={ckpt}"]))
+    train(
+        load_config(
+            RECIPE, [f"run.output_dir={second}", *FAST, "run.steps=5", "run.checkpoint_every=2", f"run.resume={ckpt}"]
+        )
+    )
     said = capsys.readouterr().out
     assert f"resumed from {ckpt} at step 2 (config changed since: run.steps: 4 -> 5)" in said
     assert _steps(second) == [0, 1, 2, 3, 4]  # rows 0-1 come from the checkpoint's copy
@@ -177,23 +187,36 @@ def test_trackers_get_the_finite_metrics(tmp_path):
     log = MetricsLog(tmp_path, acc)
     log.log(3, {"reward/total_mean": 0.5, "kl/ref": float("nan")})
     assert acc.logged == [(3, {"reward/total_mean": 0.5})]
-    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {"step": 3, "reward/total_mean": 0.5,
-                                                                     "kl/ref": None}
+    assert json.loads((tmp_path / "metrics.jsonl").read_text()) == {
+        "step": 3,
+        "reward/total_mean": 0.5,
+        "kl/ref": None,
+    }
 
 
 def test_report_is_self_contained(tmp_path):
-    train(load_config(RECIPE, [f"run.output_dir={tmp_path}", "run.progress=false", "sample.batch_size=32",
-                               "algo.micro_batch_size=16", "run.steps=3", "algo.kl_coef=0.01"]))
+    train(
+        load_config(
+            RECIPE,
+            [
+                f"run.output_dir={tmp_path}",
+                "run.progress=false",
+                "sample.batch_size=32",
+                "algo.micro_batch_size=16",
+                "run.steps=3",
+                "algo.kl_coef=0.01",
+            ],
+        )
+    )
     page = (tmp_path / "report.html").read_text()
     refs = re.findall(r'(?:src|href)="([^"]*)"', page)
     assert len(refs) >= 3 and all(r.startswith("data:image/png;base64,") for r in refs)  # reward, KL, loss curves
     assert "<link" not in page and "<script" not in page
-    for needle in ("before training", "after training", "time/rollout", "time/update", "kl_coef: 0.01",
-                   "write "):
+    for needle in ("before training", "after training", "time/rollout", "time/update", "kl_coef: 0.01", "write "):
         assert needle in page, needle
 
 
-FSDP_SCRIPT = '''
+FSDP_SCRIPT = """
 import sys
 from types import SimpleNamespace
 
@@ -251,7 +274,7 @@ if rank == 0:
     print(f"RESULT sharded={sharded} diff={diff:.3e} ema_diff={ema_diff:.3e} keys={keys}")
 dist.barrier()  # without it a rank may tear down gloo while the other is still in it: 'terminate called' (2 in 20)
 dist.destroy_process_group()
-'''
+"""
 
 
 def test_fsdp2_checkpoint_state_round_trip(tmp_path):
@@ -268,9 +291,23 @@ def test_fsdp2_checkpoint_state_round_trip(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          port, str(script), str(tmp_path / "state.pt")], env=env, capture_output=True, text=True,
-                         check=False)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            port,
+            str(script),
+            str(tmp_path / "state.pt"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     (line,) = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")]
     assert "sharded=DTensor" in line, line
@@ -310,8 +347,10 @@ def test_k_chunks_give_the_unchunked_update(tmp_path, monkeypatch, aggregation):
     monkeypatch.setattr(ToyPolicy, "k_chunk", 3, raising=False)
     monkeypatch.setattr(ToyPolicy, "per_element_metrics", True, raising=False)
     out = train(load_config(RECIPE, [f"run.output_dir={tmp_path / 'chunked'}", *args]))
-    whole, chunked = (load_file(str(checkpoint.list_checkpoints(tmp_path / d / "checkpoints")[-1] /
-                                    "weights.safetensors")) for d in ("whole", "chunked"))
+    whole, chunked = (
+        load_file(str(checkpoint.list_checkpoints(tmp_path / d / "checkpoints")[-1] / "weights.safetensors"))
+        for d in ("whole", "chunked")
+    )
     assert max(float((whole[k] - chunked[k]).abs().max()) for k in whole) < 1e-6
     assert {"ratio/k0", "ratio/k3", "ratio/k6"} <= set(out["metrics"])
 
@@ -374,8 +413,17 @@ def test_accelerate_tracker_gets_config_and_every_step(tmp_path, monkeypatch):
 def test_stop_and_resume_is_exact_with_every_kind_of_state(tmp_path, monkeypatch):
     """Stopped (as by SIGTERM) after step 3 and resumed: the same weights and EMA as an uninterrupted run, with a
     cosine schedule, warm-up, EMA, KL reference, VADE's sampler state and two inner epochs all in play."""
-    args = [*FAST, "run.steps=6", "run.checkpoint_every=0", "optim.schedule=cosine", "optim.warmup_steps=2",
-            "optim.ema_decay=0.8", "algo.kl_coef=0.05", "sample.sampler=vade", "run.resume=auto"]
+    args = [
+        *FAST,
+        "run.steps=6",
+        "run.checkpoint_every=0",
+        "optim.schedule=cosine",
+        "optim.warmup_steps=2",
+        "optim.ema_decay=0.8",
+        "algo.kl_coef=0.05",
+        "sample.sampler=vade",
+        "run.resume=auto",
+    ]
     train(load_config(RECIPE, [f"run.output_dir={tmp_path / 'full'}", *args]))
     calls = []
     monkeypatch.setattr("mmgrpo.trainer.any_rank", lambda acc, flag: calls.append(flag) or len(calls) == 3)
@@ -384,8 +432,10 @@ def test_stop_and_resume_is_exact_with_every_kind_of_state(tmp_path, monkeypatch
     monkeypatch.setattr("mmgrpo.trainer.any_rank", lambda acc, flag: False)
     train(load_config(RECIPE, [f"run.output_dir={tmp_path / 'cut'}", *args]))
     for name in ("weights.safetensors", "ema.safetensors"):
-        a, b = (load_file(str(checkpoint.list_checkpoints(tmp_path / d / "checkpoints")[-1] / name))
-                for d in ("full", "cut"))
+        a, b = (
+            load_file(str(checkpoint.list_checkpoints(tmp_path / d / "checkpoints")[-1] / name))
+            for d in ("full", "cut")
+        )
         assert max(float((a[k] - b[k]).abs().max()) for k in a) <= 1e-6, name
     assert _steps(tmp_path / "cut") == list(range(6))
 

@@ -24,15 +24,40 @@ from pipelines.flow.plan import SCHEDULES
 ROOT = Path(__file__).resolve().parents[1]
 TOY = str(ROOT / "configs" / "toy_count.yaml")
 FLOW = str(ROOT / "configs" / "flow" / "sd3_tiny_cpu.yaml")
-TOY_FAST = ["run.steps=2", "run.progress=false", "run.report=false", "run.checkpoint_every=0", "sample.batch_size=16",
-            "sample.group_size=4", "algo.micro_batch_size=16", "algo.inner_epochs=1", "algo.num_minibatches=1"]
+TOY_FAST = [
+    "run.steps=2",
+    "run.progress=false",
+    "run.report=false",
+    "run.checkpoint_every=0",
+    "sample.batch_size=16",
+    "sample.group_size=4",
+    "algo.micro_batch_size=16",
+    "algo.inner_epochs=1",
+    "algo.num_minibatches=1",
+]
 TWO_REWARDS = "rewards=[{name: toy_count, weight: 1.0}, {name: toy_count, label: half, weight: 0.5}]"
-FLOW_FAST = ["run.steps=2", "run.progress=false", "run.report=false", "run.checkpoint_every=0", "run.device=cpu",
-             "run.mixed_precision=no", "optim.ema_decay=0.0", "pipeline.kwargs.prompts=[a red circle, a blue square]",
-             "pipeline.kwargs.num_steps=4", "pipeline.kwargs.max_sequence_length=8", "pipeline.kwargs.k_chunk=null",
-             "sample.batch_size=8", "sample.group_size=4", "algo.micro_batch_size=8", "optim.lr=1e-2"]
-_PLAN_KW = {"tree": "{split_steps: [0, 2], fanout: 2}", "fast": "{branch_range: [0, 2]}",
-            "singular": "{branch_steps: [0, 1]}"}
+FLOW_FAST = [
+    "run.steps=2",
+    "run.progress=false",
+    "run.report=false",
+    "run.checkpoint_every=0",
+    "run.device=cpu",
+    "run.mixed_precision=no",
+    "optim.ema_decay=0.0",
+    "pipeline.kwargs.prompts=[a red circle, a blue square]",
+    "pipeline.kwargs.num_steps=4",
+    "pipeline.kwargs.max_sequence_length=8",
+    "pipeline.kwargs.k_chunk=null",
+    "sample.batch_size=8",
+    "sample.group_size=4",
+    "algo.micro_batch_size=8",
+    "optim.lr=1e-2",
+]
+_PLAN_KW = {
+    "tree": "{split_steps: [0, 2], fanout: 2}",
+    "fast": "{branch_range: [0, 2]}",
+    "singular": "{branch_steps: [0, 1]}",
+}
 
 # what a name needs beyond the defaults: (recipe, overrides). Anything not listed runs on the toy task as is.
 _SETUP = {
@@ -47,18 +72,24 @@ _SETUP = {
 
 
 def _cases() -> list[tuple[str, str]]:
-    kinds = {"advantage": advantages.ADVANTAGES, "loss": losses.POLICY_LOSSES, "sampler": samplers.SAMPLERS,
-             "plan": SCHEDULES}
+    kinds = {
+        "advantage": advantages.ADVANTAGES,
+        "loss": losses.POLICY_LOSSES,
+        "sampler": samplers.SAMPLERS,
+        "plan": SCHEDULES,
+    }
     return [(kind, name) for kind, reg in kinds.items() for name in reg.names()]
 
 
 def _overrides(kind: str, name: str, out: Path) -> tuple[str, list[str]]:
     recipe, extra = _SETUP.get((kind, name), (FLOW if kind == "plan" else TOY, []))
     base = [f"run.output_dir={out}", *(TOY_FAST if recipe == TOY else FLOW_FAST)]
-    field = {"advantage": ["algo.advantage=" + name, "algo.advantage_kwargs={}"],
-             "loss": ["algo.loss=" + name, "algo.loss_kwargs={}"],
-             "sampler": ["sample.sampler=" + name],
-             "plan": ["pipeline.kwargs.plan=" + name, f"pipeline.kwargs.plan_kwargs={_PLAN_KW.get(name, '{}')}"]}[kind]
+    field = {
+        "advantage": ["algo.advantage=" + name, "algo.advantage_kwargs={}"],
+        "loss": ["algo.loss=" + name, "algo.loss_kwargs={}"],
+        "sampler": ["sample.sampler=" + name],
+        "plan": ["pipeline.kwargs.plan=" + name, f"pipeline.kwargs.plan_kwargs={_PLAN_KW.get(name, '{}')}"],
+    }[kind]
     return recipe, [*base, *field, *extra]
 
 
@@ -74,8 +105,15 @@ def _loss_metrics(name: str, cfg) -> list[str]:
     logp = torch.zeros(4, 2)
     kw = {"group_size": 4} if losses.needs_groups(name) else {}
     try:
-        _, metrics = losses.compute(name, logp, logp, torch.tensor([1.0, -1.0, 0.5, -0.5]),
-                                    torch.ones(4, 2, dtype=torch.bool), **kw, **cfg.algo.loss_kwargs)
+        _, metrics = losses.compute(
+            name,
+            logp,
+            logp,
+            torch.tensor([1.0, -1.0, 0.5, -0.5]),
+            torch.ones(4, 2, dtype=torch.bool),
+            **kw,
+            **cfg.algo.loss_kwargs,
+        )
     except (TypeError, ValueError, KeyError):
         return ["loss/policy"]
     return ["loss/policy", *metrics]

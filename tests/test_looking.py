@@ -1,4 +1,4 @@
-""""Is it looking?": record ablations (pipelines/visual_ablation.py), per-category tables and paired tests
+""" "Is it looking?": record ablations (pipelines/visual_ablation.py), per-category tables and paired tests
 (mmgrpo/looking.py), and `mmgrpo eval` end to end on the shipped ShapesWorld VLM and video models."""
 
 import json
@@ -29,8 +29,9 @@ def _scene(colour: tuple[int, int, int]) -> np.ndarray:
 
 
 def test_blank_and_shuffle_change_only_the_pixels():
-    recs = [{"prompt": f"q{i}", "image": _scene((200, 30 * i, 0)), "answers": str(i), "category": "c"}
-            for i in range(4)]
+    recs = [
+        {"prompt": f"q{i}", "image": _scene((200, 30 * i, 0)), "answers": str(i), "category": "c"} for i in range(4)
+    ]
     blank = ablate_records(recs, "blank")
     for r, b in zip(recs, blank):
         assert b["image"].shape == r["image"].shape and (b["image"] == 242).all()  # same size, background only
@@ -99,8 +100,11 @@ def test_category_table_and_paired_tests_by_hand():
     cats, names = ["a", "b", "a"], ["acc", "iou"]
     t = category_table(real, cats, names)
     # all: acc (1+0+1+1+0+0)/6 = 0.5, iou (0.5+0.5+1+0+0.25+0.75)/6 = 0.5; a: acc 1/4, iou 2/4; b: acc 1, iou 0.5
-    assert t == {"all": {"acc": 0.5, "iou": 0.5, "n": 6}, "a": {"acc": 0.25, "iou": 0.5, "n": 4},
-                 "b": {"acc": 1.0, "iou": 0.5, "n": 2}}
+    assert t == {
+        "all": {"acc": 0.5, "iou": 0.5, "n": 6},
+        "a": {"acc": 0.25, "iou": 0.5, "n": 4},
+        "b": {"acc": 1.0, "iou": 0.5, "n": 2},
+    }
     tests = paired_tests({"real": real, "blank": np.zeros_like(real)}, cats, names)
     # per-record means real acc [0.5, 1, 0] -> blank 0: differences -0.5, -1, 0 (zero dropped), W+ = 0 of n = 2,
     # P(W+ <= 0) = 1/4 -> p = 0.5; iou [0.5, 0.5, 0.5]: three tied -0.5, W+ = 0, P = 1/8 -> p = 0.25
@@ -135,8 +139,10 @@ def test_eval_ablation_end_to_end_shapes_vlm(tmp_path):
     from mmgrpo.evaluate import evaluate_run
     from mmgrpo.report import write_report
 
-    cfg = load_config(ROOT / "configs" / "vlm" / "shapes_vqa.yaml",
-                      [f"run.output_dir={tmp_path}", "pipeline.kwargs.eval_size=4", "pipeline.kwargs.train_size=4"])
+    cfg = load_config(
+        ROOT / "configs" / "vlm" / "shapes_vqa.yaml",
+        [f"run.output_dir={tmp_path}", "pipeline.kwargs.eval_size=4", "pipeline.kwargs.train_size=4"],
+    )
     res, path = evaluate_run(cfg, "none", group_size=1, ablate="auto", samples=1)
     assert path == tmp_path / "eval" / "base.json" and res["records"] == 4
     _check_result(res, path, ["format", "accuracy"])
@@ -151,9 +157,18 @@ def test_eval_ablation_end_to_end_shapes_video(tmp_path):
     pytest.importorskip("av")
     from mmgrpo.cli import main
 
-    args = ["eval", str(ROOT / "configs" / "video" / "shapes_grounding.yaml"), f"run.output_dir={tmp_path}",
-            f"pipeline.kwargs.cache_dir={tmp_path / 'clips'}", f"pipeline.kwargs.frame_cache={tmp_path / 'fc'}",
-            "pipeline.kwargs.eval_size=3", "pipeline.kwargs.train_size=2", "ckpt=none", "group_size=1", "samples=0"]
+    args = [
+        "eval",
+        str(ROOT / "configs" / "video" / "shapes_grounding.yaml"),
+        f"run.output_dir={tmp_path}",
+        f"pipeline.kwargs.cache_dir={tmp_path / 'clips'}",
+        f"pipeline.kwargs.frame_cache={tmp_path / 'fc'}",
+        "pipeline.kwargs.eval_size=3",
+        "pipeline.kwargs.train_size=2",
+        "ckpt=none",
+        "group_size=1",
+        "samples=0",
+    ]
     assert main(args) == 0  # ablate=auto: a video recipe gets blank and shuffled frames
     path = tmp_path / "eval" / "base.json"
     _check_result(json.loads(path.read_text()), path, ["format", "temporal_iou", "r@0.5"])
@@ -162,7 +177,19 @@ def test_eval_ablation_end_to_end_shapes_video(tmp_path):
 def test_ablation_of_a_text_only_pipeline_is_a_one_line_error(tmp_path, capsys):
     from mmgrpo.cli import main
 
-    assert main(["eval", str(ROOT / "configs" / "toy_count.yaml"), f"run.output_dir={tmp_path}", "ckpt=none",
-                 "ablate=blank", "limit=2", "group_size=1"]) == 2
+    assert (
+        main(
+            [
+                "eval",
+                str(ROOT / "configs" / "toy_count.yaml"),
+                f"run.output_dir={tmp_path}",
+                "ckpt=none",
+                "ablate=blank",
+                "limit=2",
+                "group_size=1",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "ablate=blank" in err and "no images or videos" in err

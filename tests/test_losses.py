@@ -124,9 +124,12 @@ def test_gspo_gradient_matches_handwritten_sequence_objective(mode):
     per_seq, m = _gspo_reference(ref, old, adv, mask, 0.2)
     # each mode written out on the per-sequence loss broadcast over its |y_i| valid elements
     lens = m.sum(-1)
-    total = {"token_mean": (per_seq * lens).sum() / lens.sum(), "seq_mean_token_mean": per_seq.mean(),
-             "seq_mean_token_sum": (per_seq * lens).sum() / n,
-             "seq_mean_token_sum_norm": (per_seq * lens).sum() / (n * k)}[mode]
+    total = {
+        "token_mean": (per_seq * lens).sum() / lens.sum(),
+        "seq_mean_token_mean": per_seq.mean(),
+        "seq_mean_token_sum": (per_seq * lens).sum() / n,
+        "seq_mean_token_sum_norm": (per_seq * lens).sum() / (n * k),
+    }[mode]
     total.backward()
     assert_close(ours.grad, ref.grad)
 
@@ -160,8 +163,15 @@ def test_reg_grpo_golden_mean_and_groups_independent():
     assert_close(loss[:, 0], t(want))
     # a second group appended after the first does not change the first group's losses (groups are consecutive)
     logp2 = torch.cat([logp, t([[1.0, 2.0], [3.0, 0.0], [0.5, 0.5]])])
-    loss2, _ = reg_grpo(logp2, torch.zeros(6, 2, dtype=F64), torch.cat([adv, t([0.3, -0.6, 0.3])]),
-                        torch.cat([mask, torch.ones(3, 2, dtype=F64)]), group_size=3, reduce="mean", eps=0.0)
+    loss2, _ = reg_grpo(
+        logp2,
+        torch.zeros(6, 2, dtype=F64),
+        torch.cat([adv, t([0.3, -0.6, 0.3])]),
+        torch.cat([mask, torch.ones(3, 2, dtype=F64)]),
+        group_size=3,
+        reduce="mean",
+        eps=0.0,
+    )
     assert_close(loss2[:3], loss)
 
 
@@ -192,12 +202,15 @@ AGG_LOSS = [[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]]
 AGG_MASK = [[1, 1, 0], [1, 0, 0], [0, 0, 0]]
 
 
-@pytest.mark.parametrize(("mode", "want"), [
-    ("token_mean", 7 / 3),  # (1 + 2 + 4) / 3 valid elements
-    ("seq_mean_token_mean", 2.75),  # ((1 + 2) / 2 + 4 / 1) / 2 non-empty rows; row 3 is fully masked
-    ("seq_mean_token_sum", 3.5),  # (3 + 4) / 2
-    ("seq_mean_token_sum_norm", 0.875),  # (1 + 2 + 4) / (2 rows x norm_len 4)
-])
+@pytest.mark.parametrize(
+    ("mode", "want"),
+    [
+        ("token_mean", 7 / 3),  # (1 + 2 + 4) / 3 valid elements
+        ("seq_mean_token_mean", 2.75),  # ((1 + 2) / 2 + 4 / 1) / 2 non-empty rows; row 3 is fully masked
+        ("seq_mean_token_sum", 3.5),  # (3 + 4) / 2
+        ("seq_mean_token_sum_norm", 0.875),  # (1 + 2 + 4) / (2 rows x norm_len 4)
+    ],
+)
 def test_aggregate_golden(mode, want):
     assert aggregate(t(AGG_LOSS), t(AGG_MASK), mode, norm_len=4).item() == pytest.approx(want)
 
@@ -236,8 +249,9 @@ def test_accumulated_micro_batches_equal_one_batch(mode, level):
     assert sum(denominator(mask[p], mode, norm_len=k) for p in parts) == denom  # additive (all-reduce SUM)
     total = 0.0
     for p in parts:
-        mb_loss, _ = policy_loss(micro[p], old[p], adv[p], mask[p], level=level, clip_low=0.1, clip_high=0.15,
-                                 dual_clip=2.0)
+        mb_loss, _ = policy_loss(
+            micro[p], old[p], adv[p], mask[p], level=level, clip_low=0.1, clip_high=0.15, dual_clip=2.0
+        )
         value = aggregate(mb_loss, mask[p], mode, denom=denom)
         value.backward()
         total = total + value.detach()
@@ -259,16 +273,18 @@ def test_accumulation_reg_grpo_whole_groups():
     micro = base.clone().requires_grad_()
     denom = denominator(mask, "seq_mean_token_mean")
     for p in (slice(0, 4), slice(4, 8)):
-        aggregate(reg_grpo(micro[p], old[p], adv[p], mask[p], group_size=4)[0], mask[p], "seq_mean_token_mean",
-                  denom=denom).backward()
+        aggregate(
+            reg_grpo(micro[p], old[p], adv[p], mask[p], group_size=4)[0], mask[p], "seq_mean_token_mean", denom=denom
+        ).backward()
     assert_close(micro.grad, full.grad)
 
 
 # ---------------- masking: fully masked rows and garbage never leak ----------------
 
 
-@pytest.mark.parametrize("name,kw", [("clipped", {}), ("clipped", {"level": "sequence", "dual_clip": 3.0}),
-                                     ("reg_grpo", {"group_size": 2})])
+@pytest.mark.parametrize(
+    "name,kw", [("clipped", {}), ("clipped", {"level": "sequence", "dual_clip": 3.0}), ("reg_grpo", {"group_size": 2})]
+)
 def test_fully_masked_rows_and_garbage_give_no_nan(name, kw):
     logp = torch.tensor([[0.1, float("nan"), float("inf")], [float("-inf"), float("nan"), 5.0]], requires_grad=True)
     old = torch.tensor([[0.0, float("inf"), 1.0], [0.0, 0.0, float("nan")]])
@@ -299,8 +315,9 @@ def test_all_masked_batch_gives_zero_loss_and_zero_grad(mode):
 # ---------------- advantage broadcast, dtype, registry, validation ----------------
 
 
-@pytest.mark.parametrize("name,kw", [("clipped", {}), ("clipped", {"level": "sequence"}),
-                                     ("reg_grpo", {"group_size": 2})])
+@pytest.mark.parametrize(
+    "name,kw", [("clipped", {}), ("clipped", {"level": "sequence"}), ("reg_grpo", {"group_size": 2})]
+)
 def test_adv_per_sequence_equals_broadcast_per_element(name, kw):
     old = torch.randn(4, 5, dtype=F64) * 0.1
     base = old + torch.randn(4, 5, dtype=F64) * 0.3
@@ -337,15 +354,18 @@ def test_registry_and_compute():
         losses.compute("clipped", logp, old, torch.ones(2), torch.ones(2, 3), clip_hihg=0.3)
 
 
-@pytest.mark.parametrize(("kw", "match"), [
-    ({"mask": torch.ones(2, 4)}, r"mask \(2, 4\) != logp \(2, 3\)"),
-    ({"adv": torch.ones(3)}, r"adv \(3,\) must be \[N\]=\(2,\) or \[N, K\]=\(2, 3\)"),
-    ({"old_logp": torch.ones(2)}, r"old_logp \(2,\) != logp \(2, 3\)"),
-    ({"clip_low": -0.1}, "clip_low must be >= 0.*-0.1"),
-    ({"clip_high": -1}, "clip_high must be >= 0"),
-    ({"dual_clip": 1.0}, "dual_clip must be > 1.*got 1.0"),
-    ({"level": "seq"}, "level must be 'token'.*'seq'"),
-])
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"mask": torch.ones(2, 4)}, r"mask \(2, 4\) != logp \(2, 3\)"),
+        ({"adv": torch.ones(3)}, r"adv \(3,\) must be \[N\]=\(2,\) or \[N, K\]=\(2, 3\)"),
+        ({"old_logp": torch.ones(2)}, r"old_logp \(2,\) != logp \(2, 3\)"),
+        ({"clip_low": -0.1}, "clip_low must be >= 0.*-0.1"),
+        ({"clip_high": -1}, "clip_high must be >= 0"),
+        ({"dual_clip": 1.0}, "dual_clip must be > 1.*got 1.0"),
+        ({"level": "seq"}, "level must be 'token'.*'seq'"),
+    ],
+)
 def test_validation_errors(kw, match):
     args = {"logp": torch.zeros(2, 3), "old_logp": torch.zeros(2, 3), "adv": torch.ones(2), "mask": torch.ones(2, 3)}
     args.update(kw)
@@ -395,14 +415,25 @@ def test_dispo_golden_four_bounds():
     # loss = -w * A * log r: -1.3 log 1.5, -0.9 log 0.5, 1.2 log 1.5, 0.6 log 0.5; gradient d/dlogp = -w * A
     logp = t([[math.log(1.5)], [math.log(0.5)], [math.log(1.5)], [math.log(0.5)]]).requires_grad_(True)
     adv = t([1.0, 1.0, -1.0, -1.0])
-    loss, m = losses.compute("dispo", logp, torch.zeros_like(logp), adv, torch.ones(4, 1, dtype=torch.bool),
-                             correct_low=0.1, correct_high=0.3, incorrect_low=0.4, incorrect_high=0.2)
+    loss, m = losses.compute(
+        "dispo",
+        logp,
+        torch.zeros_like(logp),
+        adv,
+        torch.ones(4, 1, dtype=torch.bool),
+        correct_low=0.1,
+        correct_high=0.3,
+        incorrect_low=0.4,
+        incorrect_high=0.2,
+    )
     want = [-1.3 * math.log(1.5), -0.9 * math.log(0.5), 1.2 * math.log(1.5), 0.6 * math.log(0.5)]
     assert_close(loss[:, 0], t(want))
     loss.sum().backward()
     assert_close(logp.grad[:, 0], t([-1.3, -0.9, 1.2, 0.6]))  # every element keeps a (bounded) gradient
-    assert [float(m[f"clip/{k}"]) for k in ("correct_upper_frac", "correct_lower_frac", "incorrect_upper_frac",
-                                            "incorrect_lower_frac")] == [0.25, 0.25, 0.25, 0.25]
+    assert [
+        float(m[f"clip/{k}"])
+        for k in ("correct_upper_frac", "correct_lower_frac", "incorrect_upper_frac", "incorrect_lower_frac")
+    ] == [0.25, 0.25, 0.25, 0.25]
     # inside every range the weight is the ratio itself: r = 1 gives -A * logp = 0 at logp = 0, gradient -A
     lp = t([[0.0]]).requires_grad_(True)
     losses.compute("dispo", lp, torch.zeros_like(lp), t([2.0]), torch.ones(1, 1, dtype=torch.bool))[0].sum().backward()

@@ -85,8 +85,9 @@ def _stub_run(finite_grad: bool = True):
     return SimpleNamespace(accelerator=acc, cfg=cfg, model=model, optimizer=opt, ema=None)
 
 
-@pytest.mark.parametrize("loss_finite,grad_finite,steps", [(True, True, True), (False, True, False),
-                                                          (True, False, False)])
+@pytest.mark.parametrize(
+    "loss_finite,grad_finite,steps", [(True, True, True), (False, True, False), (True, False, False)]
+)
 def test_optimizer_step_skips_on_a_device_flag(loss_finite, grad_finite, steps):
     from mmgrpo.trainer import _Acc
 
@@ -157,8 +158,17 @@ def test_auto_micro_batch_fits_the_budget_and_trains_like_the_number_it_picks(tm
     assert per > 0
     budget = fixed + 5.5 * per
     assert p5 <= budget  # the linear prediction holds on this model
-    auto = train(load_config(RECIPE, [f"run.output_dir={tmp_path / 'auto'}", *FAST, "algo.micro_batch_size=auto",
-                                      f"algo.memory_budget_gb={budget / 1e9!r}"]))
+    auto = train(
+        load_config(
+            RECIPE,
+            [
+                f"run.output_dir={tmp_path / 'auto'}",
+                *FAST,
+                "algo.micro_batch_size=auto",
+                f"algo.memory_budget_gb={budget / 1e9!r}",
+            ],
+        )
+    )
     said = capsys.readouterr().out
     assert len(re.findall(r"algo.micro_batch_size=auto: 5 samples per forward/backward", said)) == 1, said
     fixed5 = train(load_config(RECIPE, [f"run.output_dir={tmp_path / 'five'}", *FAST, "algo.micro_batch_size=5"]))
@@ -168,11 +178,15 @@ def test_auto_micro_batch_fits_the_budget_and_trains_like_the_number_it_picks(tm
 
 
 def test_budget_below_one_sample_is_one_line(tmp_path):
-    cfg = load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "algo.micro_batch_size=auto",
-                               "algo.memory_budget_gb=1e-9"])
-    with pytest.raises(UserError, match=r"algo.memory_budget_gb \(1e-09 GB\) is too small for one micro-batch of 1 "
-                                        r"sample\(s\) on some rank \(forward\+backward peaks .* MB at 2 samples "
-                                        r"and .* MB at 1, budget 1e-09 GB\); raise it"):
+    cfg = load_config(
+        RECIPE, [f"run.output_dir={tmp_path}", *FAST, "algo.micro_batch_size=auto", "algo.memory_budget_gb=1e-9"]
+    )
+    with pytest.raises(
+        UserError,
+        match=r"algo.memory_budget_gb \(1e-09 GB\) is too small for one micro-batch of 1 "
+        r"sample\(s\) on some rank \(forward\+backward peaks .* MB at 2 samples "
+        r"and .* MB at 1, budget 1e-09 GB\); raise it",
+    ):
         train(cfg)
 
 
@@ -185,8 +199,12 @@ def test_compile_is_skipped_on_the_cpu_with_one_line(capsys):
     acc = SimpleNamespace(device=torch.device("cpu"), is_main_process=True)
     assert compile_module(cfg, module, acc) is False
     out = capsys.readouterr().out.strip().splitlines()
-    assert out == [("run.compile=true: skipped on the CPU (compiling needs a C++ toolchain there and warms up "
-                    "slowly); set run.compile=force to compile anyway")]
+    assert out == [
+        (
+            "run.compile=true: skipped on the CPU (compiling needs a C++ toolchain there and warms up "
+            "slowly); set run.compile=force to compile anyway"
+        )
+    ]
     assert module._compiled_call_impl is None
     assert compile_module(load_config(RECIPE), module, acc) is False and capsys.readouterr().out == ""
 
@@ -202,8 +220,17 @@ def test_forced_compile_trains_like_eager(tmp_path):
     """run.compile=force compiles the toy's module in place on the CPU (aot_eager: dynamo + AOTAutograd, no C++
     toolchain) and two steps give the eager run's loss and weights."""
     eager = train(load_config(RECIPE, [f"run.output_dir={tmp_path / 'eager'}", *FAST]))
-    compiled = train(load_config(RECIPE, [f"run.output_dir={tmp_path / 'compiled'}", *FAST, "run.compile=force",
-                                          "run.compile_kwargs={backend: aot_eager}"]))
+    compiled = train(
+        load_config(
+            RECIPE,
+            [
+                f"run.output_dir={tmp_path / 'compiled'}",
+                *FAST,
+                "run.compile=force",
+                "run.compile_kwargs={backend: aot_eager}",
+            ],
+        )
+    )
     assert compiled["metrics"]["loss/policy"] == pytest.approx(eager["metrics"]["loss/policy"], abs=1e-6)
     a, b = _weights(tmp_path / "eager"), _weights(tmp_path / "compiled")
     assert set(a) == set(b)  # in-place compile keeps the parameter names
@@ -220,6 +247,9 @@ def test_flow_attention_choices_and_xformers_needs_cuda():
     with pytest.raises(UserError, match=r"pipeline.kwargs.attention \('flash'\) must be one of sdpa, xformers"):
         check_flow_kwargs(attention="flash")
     # refused before any weight loads: the model path does not exist
-    with pytest.raises(UserError, match=r"attention=xformers needs CUDA and xformers \(no CUDA device\); install "
-                                        r"the cuda extra"):
+    with pytest.raises(
+        UserError,
+        match=r"attention=xformers needs CUDA and xformers \(no CUDA device\); install "
+        r"the cuda extra",
+    ):
         build_flow(seed=0, device=torch.device("cpu"), model="/nonexistent", prompts=["a cat"], attention="xformers")

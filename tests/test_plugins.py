@@ -30,8 +30,15 @@ from rewards.api import REWARDS
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = str(ROOT / "configs" / "toy_count.yaml")
-FAST = ["run.progress=false", "run.report=false", "run.steps=2", "run.checkpoint_every=0", "sample.batch_size=16",
-        "sample.group_size=4", "algo.micro_batch_size=8"]
+FAST = [
+    "run.progress=false",
+    "run.report=false",
+    "run.steps=2",
+    "run.checkpoint_every=0",
+    "sample.batch_size=16",
+    "sample.group_size=4",
+    "algo.micro_batch_size=8",
+]
 
 PLUGIN = '''
 """A throw-away mmgrpo plugin: one advantage estimator and one reward, registered on import."""
@@ -86,8 +93,17 @@ def _entry_point(site: Path, name: str, target: str, group: str = "mmgrpo.plugin
 
 
 def _train_with(name: str, out: Path, extra: list[str]) -> list[dict]:
-    cfg = load_config(RECIPE, [f"run.output_dir={out}", *FAST, f"algo.advantage={name}_centered",
-                               "algo.advantage_kwargs={}", f"rewards=[{{name: {name}_exact}}]", *extra])
+    cfg = load_config(
+        RECIPE,
+        [
+            f"run.output_dir={out}",
+            *FAST,
+            f"algo.advantage={name}_centered",
+            "algo.advantage_kwargs={}",
+            f"rewards=[{{name: {name}_exact}}]",
+            *extra,
+        ],
+    )
     train(cfg)
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -112,15 +128,20 @@ def test_run_plugins_imports_a_users_module(plugin, tmp_path):
 def test_a_missing_or_broken_plugin_is_one_line_naming_it_and_the_fix(plugin, tmp_path):
     with pytest.raises(UserError) as err:
         load_config(RECIPE, ["run.plugins=[no_such_module_xyz]"])
-    assert str(err.value) == ("run.plugins.0 'no_such_module_xyz' failed to import (ModuleNotFoundError: No module "
-                              "named 'no_such_module_xyz'); put the module's directory on PYTHONPATH or `pip install` "
-                              "the package that provides it, or remove it from run.plugins")
+    assert str(err.value) == (
+        "run.plugins.0 'no_such_module_xyz' failed to import (ModuleNotFoundError: No module "
+        "named 'no_such_module_xyz'); put the module's directory on PYTHONPATH or `pip install` "
+        "the package that provides it, or remove it from run.plugins"
+    )
     broken = f"{plugin}_broken"
     (tmp_path / "site" / f"{broken}.py").write_text("raise RuntimeError('half-written plugin')\n")
     _entry_point(tmp_path / "site", broken, broken)
     _declared.cache_clear()  # the declarations are read once per sys.path; a package installed meanwhile needs this
-    with pytest.raises(UserError, match=rf"plugin '{broken}' \(entry point mmgrpo.plugins\) '{broken}' failed to "
-                                        r"import \(RuntimeError: half-written plugin\); fix or reinstall"):
+    with pytest.raises(
+        UserError,
+        match=rf"plugin '{broken}' \(entry point mmgrpo.plugins\) '{broken}' failed to "
+        r"import \(RuntimeError: half-written plugin\); fix or reinstall",
+    ):
         load_plugins()
     sys.modules.pop(broken, None)
 
@@ -130,12 +151,14 @@ def test_first_party_plugins_are_declared_and_survive_stale_metadata(tmp_path):
     assert _source_entry_points(SOURCE_PYPROJECT) == {"pipelines": "pipelines", "rewards": "rewards"}
     # an editable install made before the entry points existed: the checkout's pyproject.toml still declares them
     stale = tmp_path / "pyproject.toml"
-    stale.write_text(textwrap.dedent('''
+    stale.write_text(
+        textwrap.dedent("""
         [project]
         name = "mmgrpo"
         [project.entry-points."mmgrpo.plugins"]
         only_in_the_checkout = "json"
-    '''))
+    """)
+    )
     assert declared_plugins(stale)["only_in_the_checkout"] == "json"
     other = tmp_path / "other" / "pyproject.toml"
     other.parent.mkdir()
@@ -147,18 +170,22 @@ def test_first_party_plugins_are_declared_and_survive_stale_metadata(tmp_path):
 
 def test_cli_sub_commands_come_from_entry_points(plugin, tmp_path, capsys):
     site = tmp_path / "site"
-    (site / f"{plugin}_cmd.py").write_text(textwrap.dedent('''
+    (site / f"{plugin}_cmd.py").write_text(
+        textwrap.dedent("""
         def add(subparsers):
             p = subparsers.add_parser("hello", help="say hello")
             p.set_defaults(func=lambda args: print("hello from a plugin") or 0)
-    '''))
+    """)
+    )
     _entry_point(site, f"{plugin}_cmd", f"{plugin}_cmd:add", group="mmgrpo.commands")
     _entry_point(site, f"{plugin}_bad", f"{plugin}_cmd:missing", group="mmgrpo.commands")
     assert cli_main(["hello"]) == 0
     out, err = capsys.readouterr()
     assert out == "hello from a plugin\n"
-    assert err == (f"mmgrpo: command plugin '{plugin}_bad' (entry point mmgrpo.commands) '{plugin}_cmd:missing' "
-                   f"failed to import (AttributeError: module '{plugin}_cmd' has no attribute 'missing'); fix or "
-                   f"reinstall the package that declares it (`pip install -e .` in a checkout), or uninstall it\n")
+    assert err == (
+        f"mmgrpo: command plugin '{plugin}_bad' (entry point mmgrpo.commands) '{plugin}_cmd:missing' "
+        f"failed to import (AttributeError: module '{plugin}_cmd' has no attribute 'missing'); fix or "
+        f"reinstall the package that declares it (`pip install -e .` in a checkout), or uninstall it\n"
+    )
     assert declared_plugins(group="mmgrpo.commands")["rewards"] == "rewards.cli:add_subcommands"
     sys.modules.pop(f"{plugin}_cmd", None)

@@ -61,36 +61,85 @@ def _result(label: str, acc: dict[str, float], blank: dict[str, float] | None = 
     tests = {}
     if blank is not None:
         conditions["blank"] = table(blank)
-        tests["blank"] = {c: {m: {"test": "mcnemar", "n": conditions["real"][c]["n"],
-                                  "diff": conditions["blank"][c][m] - conditions["real"][c][m], "p": 0.03125}
-                              for m in ("format", "accuracy", "total")} for c in acc}
-    return {"ckpt": label, "label": label, "seed": 0, "group_size": 1, "records": 8, "conditions": conditions,
-            "tests": tests}
+        tests["blank"] = {
+            c: {
+                m: {
+                    "test": "mcnemar",
+                    "n": conditions["real"][c]["n"],
+                    "diff": conditions["blank"][c][m] - conditions["real"][c][m],
+                    "p": 0.03125,
+                }
+                for m in ("format", "accuracy", "total")
+            }
+            for c in acc
+        }
+    return {
+        "ckpt": label,
+        "label": label,
+        "seed": 0,
+        "group_size": 1,
+        "records": 8,
+        "conditions": conditions,
+        "tests": tests,
+    }
 
 
 def _run(d: Path, before: dict, after: dict, blank: dict | None = None, samples: bool = True) -> Path:
     (d / "eval").mkdir(parents=True)
-    (d / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward/total_mean": 0.1 * s,
-                                                         "reward/accuracy/mean": 0.05 * s, "kl/old_approx": 0.01,
-                                                         "entropy": 1 - 0.1 * s, "time/rollout": 1.0}) + "\n"
-                                             for s in range(4)))
+    (d / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps(
+                {
+                    "step": s,
+                    "reward/total_mean": 0.1 * s,
+                    "reward/accuracy/mean": 0.05 * s,
+                    "kl/old_approx": 0.01,
+                    "entropy": 1 - 0.1 * s,
+                    "time/rollout": 1.0,
+                }
+            )
+            + "\n"
+            for s in range(4)
+        )
+    )
     (d / "config.yaml").write_text("run:\n  seed: 0\n")
     (d / "eval" / "base.json").write_text(json.dumps(_result("base", before)))
     (d / "eval" / "step_00000030.json").write_text(json.dumps(_result("step_00000030", after, blank)))
     img = np.full((8, 8, 3), 200, dtype=np.uint8)
     if samples:
         for label, ans in (("base", "<answer>blue</answer>"), ("step_00000030", "<answer>red</answer>")):
-            save_gallery(d / "eval" / f"{label}_samples",
-                         [{"prompt": "What colour is the circle?", "text": ans, "reward": 1.0, "answer": "red",
-                           "record": 0, "sample": 0, "image": img},
-                          {"prompt": "What colour is the circle?", "text": ans, "reward": 0.0, "answer": "red",
-                           "record": 0, "sample": 1}])
+            save_gallery(
+                d / "eval" / f"{label}_samples",
+                [
+                    {
+                        "prompt": "What colour is the circle?",
+                        "text": ans,
+                        "reward": 1.0,
+                        "answer": "red",
+                        "record": 0,
+                        "sample": 0,
+                        "image": img,
+                    },
+                    {
+                        "prompt": "What colour is the circle?",
+                        "text": ans,
+                        "reward": 0.0,
+                        "answer": "red",
+                        "record": 0,
+                        "sample": 1,
+                    },
+                ],
+            )
     return d
 
 
 def test_sections_in_order_and_the_result_table_first(tmp_path):
-    run = _run(tmp_path / "run", {"all": 0.25, "color": 0.5}, {"all": 0.625, "color": 0.25},
-               blank={"all": 0.125, "color": 0.0})
+    run = _run(
+        tmp_path / "run",
+        {"all": 0.25, "color": 0.5},
+        {"all": 0.625, "color": 0.25},
+        blank={"all": 0.125, "color": 0.0},
+    )
     page = Page(write_report(run).read_text())
     assert page.sections == ["result", "looking", "curves", "samples", "raw"]
     assert page.h2[0].startswith("Held-out result") and page.h2[1].startswith("Is it looking?")

@@ -219,17 +219,22 @@ def test_temporal_iou_reward_with_shaping():
     torch.testing.assert_close(shaped, torch.tensor(expect, dtype=torch.float32))
 
 
-
 def test_temporal_recall_at_m():
     # IoUs vs span (4, 10): [4,10] -> 1; [2,6] -> overlap 2 / union 8 = 0.25; [5,10] -> 5/6 = 0.833; [7,10] -> 3/6 = 0.5
-    texts = ["<answer>4 to 10</answer>", "<answer>2 to 6</answer>", "<answer>5 to 10</answer>",
-             "<answer>7 to 10</answer>", "<answer>no span</answer>"]
+    texts = [
+        "<answer>4 to 10</answer>",
+        "<answer>2 to 6</answer>",
+        "<answer>5 to 10</answer>",
+        "<answer>7 to 10</answer>",
+        "<answer>no span</answer>",
+    ]
     r05 = rewards.load("temporal_iou", recall_at=0.5)(texts, spans=[(4, 10)] * 5)
     assert r05.tolist() == [1.0, 0.0, 1.0, 1.0, 0.0]  # IoU exactly 0.5 counts (R@m is IoU >= m)
     r07 = rewards.load("temporal_iou", recall_at=0.7)(texts, spans=[(4, 10)] * 5)
     assert r07.tolist() == [1.0, 0.0, 1.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="recall_at"):
         rewards.load("temporal_iou", recall_at=1.5)
+
 
 # ---- length ------------------------------------------------------------------------------------------------------
 def test_cosine_length_hand_values():

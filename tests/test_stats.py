@@ -8,16 +8,19 @@ import pytest
 from mmgrpo.stats import binom_two_sided, mcnemar_exact, paired_test, sign_test, wilcoxon_signed_rank
 
 
-@pytest.mark.parametrize("b, c, expected", [
-    # McNemar 1947 / Agresti (2013) 11.1.4, exact form: p = 2 * sum_{i <= min(b,c)} C(b+c, i) / 2^(b+c), capped at 1
-    (0, 5, 2 * 1 / 32),              # n=5: P(X<=0) = 1/32 -> 0.0625
-    (5, 0, 2 * 1 / 32),              # symmetric in b and c
-    (1, 9, 2 * (1 + 10) / 1024),     # n=10: P(X<=1) = (C(10,0)+C(10,1))/1024 = 11/1024 -> 0.021484375
-    (2, 8, 2 * (1 + 10 + 45) / 1024),  # P(X<=2) = 56/1024 -> 0.109375
-    (3, 3, 1.0),                     # n=6: 2 * (1+6+15+20)/64 = 84/64 > 1 -> capped at 1
-    (0, 0, 1.0),                     # no discordant pair: no evidence either way
-    (0, 12, 2 / 4096),               # n=12, all one way: 2 / 2^12 = 0.00048828125
-])
+@pytest.mark.parametrize(
+    "b, c, expected",
+    [
+        # McNemar 1947 / Agresti (2013) 11.1.4, exact form: p = 2 * sum_{i <= min(b,c)} C(b+c, i) / 2^(b+c), capped at 1
+        (0, 5, 2 * 1 / 32),  # n=5: P(X<=0) = 1/32 -> 0.0625
+        (5, 0, 2 * 1 / 32),  # symmetric in b and c
+        (1, 9, 2 * (1 + 10) / 1024),  # n=10: P(X<=1) = (C(10,0)+C(10,1))/1024 = 11/1024 -> 0.021484375
+        (2, 8, 2 * (1 + 10 + 45) / 1024),  # P(X<=2) = 56/1024 -> 0.109375
+        (3, 3, 1.0),  # n=6: 2 * (1+6+15+20)/64 = 84/64 > 1 -> capped at 1
+        (0, 0, 1.0),  # no discordant pair: no evidence either way
+        (0, 12, 2 / 4096),  # n=12, all one way: 2 / 2^12 = 0.00048828125
+    ],
+)
 def test_mcnemar_exact_small_n(b, c, expected):
     assert mcnemar_exact(b, c) == pytest.approx(expected, rel=1e-12)
 
@@ -33,21 +36,24 @@ def test_sign_test_drops_zeros():
     assert sign_test([0.0, 0.0]) == 1.0
 
 
-@pytest.mark.parametrize("diffs, w_plus, p", [
-    # Wilcoxon 1945; two-sided exact p = 2 min(P(W+ <= w), P(W+ >= w)), 2^n equally likely sign patterns
-    ([1, 2, 3, 4, 5], 15.0, 2 / 32),          # ranks 1..5 all positive: only the full set sums to 15 -> 1/32 per tail
-    ([-1, 2, 3, 4, 5], 14.0, 4 / 32),         # W+ = 14: sums >= 14 are {1..5}=15 and {2..5}=14 -> 2/32 per tail
-    # |d| = .1 .2 .3 .5 .7 .9 -> ranks 1..6; negatives .2 (rank 2) and .1 (rank 1): W- = 3, W+ = 21 - 3 = 18.
-    # P(W+ >= 18) = P(W- <= 3): subsets of {1..6} summing to <= 3 are {}, {1}, {2}, {3}, {1,2}: 5/64 -> p = 10/64
-    ([0.5, -0.2, 0.3, 0.9, -0.1, 0.7], 18.0, 10 / 64),
-    # ties: |d| = 1 1 2 2 2 -> midranks 1.5 1.5 4 4 4; the -1 gives W+ = 15 - 1.5 = 13.5. Sums of subsets of
-    # {1.5, 1.5, 4, 4, 4} that are >= 13.5: all (15) and the two sets missing one 1.5 (13.5) -> 3/32 -> p = 6/32
-    ([1, -1, 2, 2, 2], 13.5, 6 / 32),
-    # zeros dropped (Wilcoxon's convention): six positive differences remain, W+ = 21, p = 2 / 64
-    ([0, 0, 1, 2, 3, 4, 5, 6], 21.0, 2 / 64),
-    ([0.0, 0.0, 0.0], 0.0, 1.0),              # nothing to rank
-    ([0.3, -0.3], 1.5, 1.0),                  # midranks 1.5, 1.5; W+ = 1.5 sits at the centre: both tails 3/4 -> 1
-])
+@pytest.mark.parametrize(
+    "diffs, w_plus, p",
+    [
+        # Wilcoxon 1945; two-sided exact p = 2 min(P(W+ <= w), P(W+ >= w)), 2^n equally likely sign patterns
+        ([1, 2, 3, 4, 5], 15.0, 2 / 32),  # ranks 1..5 all positive: only the full set sums to 15 -> 1/32 per tail
+        ([-1, 2, 3, 4, 5], 14.0, 4 / 32),  # W+ = 14: sums >= 14 are {1..5}=15 and {2..5}=14 -> 2/32 per tail
+        # |d| = .1 .2 .3 .5 .7 .9 -> ranks 1..6; negatives .2 (rank 2) and .1 (rank 1): W- = 3, W+ = 21 - 3 = 18.
+        # P(W+ >= 18) = P(W- <= 3): subsets of {1..6} summing to <= 3 are {}, {1}, {2}, {3}, {1,2}: 5/64 -> p = 10/64
+        ([0.5, -0.2, 0.3, 0.9, -0.1, 0.7], 18.0, 10 / 64),
+        # ties: |d| = 1 1 2 2 2 -> midranks 1.5 1.5 4 4 4; the -1 gives W+ = 15 - 1.5 = 13.5. Sums of subsets of
+        # {1.5, 1.5, 4, 4, 4} that are >= 13.5: all (15) and the two sets missing one 1.5 (13.5) -> 3/32 -> p = 6/32
+        ([1, -1, 2, 2, 2], 13.5, 6 / 32),
+        # zeros dropped (Wilcoxon's convention): six positive differences remain, W+ = 21, p = 2 / 64
+        ([0, 0, 1, 2, 3, 4, 5, 6], 21.0, 2 / 64),
+        ([0.0, 0.0, 0.0], 0.0, 1.0),  # nothing to rank
+        ([0.3, -0.3], 1.5, 1.0),  # midranks 1.5, 1.5; W+ = 1.5 sits at the centre: both tails 3/4 -> 1
+    ],
+)
 def test_wilcoxon_exact_worked_cases(diffs, w_plus, p):
     w, got = wilcoxon_signed_rank(diffs)
     assert w == w_plus

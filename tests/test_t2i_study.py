@@ -36,8 +36,13 @@ def test_horizon_bound_follows_the_schedule():
 
 def test_change_is_per_seed_against_that_seeds_base():
     # seed 0: 0.30 -> 0.50 (+20.0 points); seed 1: 0.20 -> 0.25 (+5.0); seed 2 has no base row and is left out
-    rows = [_row("a", 0, 0, 0.30), _row("a", 1, 0, 0.20), _row("a", 0, 72, 0.50), _row("a", 1, 72, 0.25),
-            _row("a", 2, 72, 0.90)]
+    rows = [
+        _row("a", 0, 0, 0.30),
+        _row("a", 1, 0, 0.20),
+        _row("a", 0, 72, 0.50),
+        _row("a", 1, 72, 0.25),
+        _row("a", 2, 72, 0.90),
+    ]
     g = report._group(rows)
     assert report.change(g[("a", 72)], g[("a", 0)], "all", "strict") == pytest.approx([20.0, 5.0])
     assert report._cell([20.0, 5.0]) == "+12.5 [+5.0, +20.0]"
@@ -66,7 +71,7 @@ def test_lora_norm_is_the_norm_of_b_times_a(tmp_path, monkeypatch):
     from mmgrpo import checkpoint
 
     monkeypatch.setattr(checkpoint, "load", lambda path, rank: {"weights": weights})
-    assert study.lora_norm(tmp_path) == pytest.approx(125 ** 0.5)
+    assert study.lora_norm(tmp_path) == pytest.approx(125**0.5)
     assert study.lora_norm(None) == 0.0
 
 

@@ -55,9 +55,22 @@ def test_toy_policy_learns(tmp_path):
     last = sum(r["reward/total_mean"] for r in rows[-3:]) / 3
     assert last > first + 0.2, (first, last)  # ~0.65 -> ~0.97 in practice
     assert out["metrics"]["ratio/mean"] == pytest.approx(1.0, abs=0.1)
-    for key in ("reward/toy_count/std", "adv/zero_std_frac", "clip/upper_frac", "clip/lower_frac", "entropy",
-                "grad_norm", "lr", "time/rollout", "time/reward", "time/advantages", "time/update",
-                "perf/samples_per_sec", "kl/old_approx", "ratio/std"):
+    for key in (
+        "reward/toy_count/std",
+        "adv/zero_std_frac",
+        "clip/upper_frac",
+        "clip/lower_frac",
+        "entropy",
+        "grad_norm",
+        "lr",
+        "time/rollout",
+        "time/reward",
+        "time/advantages",
+        "time/update",
+        "perf/samples_per_sec",
+        "kl/old_approx",
+        "ratio/std",
+    ):
         assert key in rows[-1], key
     html = (tmp_path / "report.html").read_text()
     assert "data:image/png;base64" in html and "toy_count" in html
@@ -107,8 +120,13 @@ def test_corrupt_checkpoint_is_skipped(tmp_path, capsys):
 
 def test_sigterm_saves_and_stops(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(_cli(run_dir, "run.steps=400", "run.checkpoint_every=0"), env=_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        _cli(run_dir, "run.steps=400", "run.checkpoint_every=0"),
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 120
     while time.time() < deadline and not ((run_dir / "metrics.jsonl").is_file() and len(_metrics(run_dir)) >= 3):
         time.sleep(0.02)
@@ -122,14 +140,26 @@ def test_sigterm_saves_and_stops(tmp_path):
 
 def _register(name: str, fn) -> None:
     if name not in REWARDS:
-        REWARDS.register(name, lambda: FunctionReward(fn, name=name, input="text", fields=("target",)),
-                         doc=f"test-only reward {name}")
+        REWARDS.register(
+            name,
+            lambda: FunctionReward(fn, name=name, input="text", fields=("target",)),
+            doc=f"test-only reward {name}",
+        )
 
 
 def test_nan_rewards_skip_then_stop(tmp_path):
     _register("test_nan", lambda samples, prompts, target=None: [float("nan")] * len(samples))
-    cfg = load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=10", "run.max_bad_steps=2",
-                               "rewards=[{name: test_nan}]", "run.report=true"])
+    cfg = load_config(
+        RECIPE,
+        [
+            f"run.output_dir={tmp_path}",
+            *FAST,
+            "run.steps=10",
+            "run.max_bad_steps=2",
+            "rewards=[{name: test_nan}]",
+            "run.report=true",
+        ],
+    )
     with pytest.raises(TrainingStopped, match="2 consecutive steps skipped, the last for non-finite rewards"):
         train(cfg)
     rows = _metrics(tmp_path)
@@ -147,13 +177,14 @@ def test_failing_reward_stops_with_checkpoint(tmp_path, capsys):
         return [0.0]
 
     _register("test_boom", boom)
-    code = cli_main(["train", RECIPE, f"run.output_dir={tmp_path}", *FAST, "run.steps=3",
-                     "rewards=[{name: test_boom}]"])
+    code = cli_main(
+        ["train", RECIPE, f"run.output_dir={tmp_path}", *FAST, "run.steps=3", "rewards=[{name: test_boom}]"]
+    )
     err = capsys.readouterr().err
     assert code == 1
     assert "reward 'test_boom' failed on sample" in err and "checkpoint saved" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert "global sample" in err and "prompt \"write" in err  # where it sits in the batch and what it was
+    assert "global sample" in err and 'prompt "write' in err  # where it sits in the batch and what it was
     (ckpt,) = checkpoint.list_checkpoints(tmp_path / "checkpoints")
     # saved at the failing step with the sampler rewound, so a resume draws the same prompts again
     assert ckpt.name == "step_00000000"
@@ -161,12 +192,29 @@ def test_failing_reward_stops_with_checkpoint(tmp_path, capsys):
     assert state["sampler"] == sampling.make_sampler("uniform", 6, seed=0).state_dict()
 
 
-@pytest.mark.parametrize("extra", [
-    ["algo.kl_coef=0.05", "algo.kl_kind=k3", "optim.ema_decay=0.9", "optim.schedule=cosine", "optim.warmup_steps=1"],
-    ["algo.loss=reg_grpo", "algo.loss_kwargs={}", "algo.aggregation=seq_mean_token_mean", "algo.micro_batch_size=8"],
-    ["algo.loss_kwargs={level: sequence, clip_low: 0.0003, clip_high: 0.0004}", "algo.advantage=rloo",
-     "algo.advantage_kwargs={}"],
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        [
+            "algo.kl_coef=0.05",
+            "algo.kl_kind=k3",
+            "optim.ema_decay=0.9",
+            "optim.schedule=cosine",
+            "optim.warmup_steps=1",
+        ],
+        [
+            "algo.loss=reg_grpo",
+            "algo.loss_kwargs={}",
+            "algo.aggregation=seq_mean_token_mean",
+            "algo.micro_batch_size=8",
+        ],
+        [
+            "algo.loss_kwargs={level: sequence, clip_low: 0.0003, clip_high: 0.0004}",
+            "algo.advantage=rloo",
+            "algo.advantage_kwargs={}",
+        ],
+    ],
+)
 def test_variants_run(tmp_path, extra):
     out = train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=3", *extra]))
     m = out["metrics"]
@@ -185,8 +233,12 @@ def test_refill_trains_on_varied_groups_only(tmp_path):
 
     _register("test_half_flat", half_flat)
     common = [*FAST, "run.steps=3", "rewards=[{name: test_half_flat}]", "sample.filter_zero_std=true"]
-    train(load_config(RECIPE, [f"run.output_dir={tmp_path / 'refill'}", *common, "sample.refill=true",
-                               "sample.max_refill_rounds=4"]))
+    train(
+        load_config(
+            RECIPE,
+            [f"run.output_dir={tmp_path / 'refill'}", *common, "sample.refill=true", "sample.max_refill_rounds=4"],
+        )
+    )
     train(load_config(RECIPE, [f"run.output_dir={tmp_path / 'filter'}", *common]))
     refill, filtered = _metrics(tmp_path / "refill"), _metrics(tmp_path / "filter")
     assert all(r["rollout/rounds"] >= 2 for r in refill), [r["rollout/rounds"] for r in refill]
@@ -197,8 +249,18 @@ def test_refill_trains_on_varied_groups_only(tmp_path):
 def test_vade_posterior_counts_every_reward(tmp_path):
     # decays off (1.0): the posterior's evidence is exactly the sum of rewards (successes) and of 1 - rewards
     # (failures) over every sample rolled out, and each of the 3 steps visits 4 prompts
-    train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=3", "sample.sampler=vade",
-                               "sample.sampler_kwargs={step_decay: 1.0, visit_decay: 1.0}"]))
+    train(
+        load_config(
+            RECIPE,
+            [
+                f"run.output_dir={tmp_path}",
+                *FAST,
+                "run.steps=3",
+                "sample.sampler=vade",
+                "sample.sampler_kwargs={step_decay: 1.0, visit_decay: 1.0}",
+            ],
+        )
+    )
     rows = _metrics(tmp_path)
     state = torch.load(checkpoint.list_checkpoints(tmp_path / "checkpoints")[-1] / "state.pt", weights_only=False)
     sampler = state["sampler"]
@@ -210,21 +272,46 @@ def test_vade_posterior_counts_every_reward(tmp_path):
 
 def test_mc_grpo_leaves_the_pivot_out_of_the_loss(tmp_path):
     # G = 7 (odd): one pivot per group is masked out of the loss, so exactly 6/7 of the samples are used
-    out = train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=2", "algo.advantage=mc_grpo",
-                                     "algo.advantage_kwargs={scale: std}", "sample.group_size=7",
-                                     "sample.batch_size=28", "algo.micro_batch_size=7"]))
+    out = train(
+        load_config(
+            RECIPE,
+            [
+                f"run.output_dir={tmp_path}",
+                *FAST,
+                "run.steps=2",
+                "algo.advantage=mc_grpo",
+                "algo.advantage_kwargs={scale: std}",
+                "sample.group_size=7",
+                "sample.batch_size=28",
+                "algo.micro_batch_size=7",
+            ],
+        )
+    )
     assert out["metrics"]["adv/mc_grpo/used_frac"] == pytest.approx(6 / 7)
-    off = train(load_config(RECIPE, [f"run.output_dir={tmp_path / 'all'}", *FAST, "run.steps=1",
-                                     "algo.advantage=mc_grpo", "algo.advantage_kwargs={exclude_pivot: false}",
-                                     "sample.group_size=7", "sample.batch_size=28", "algo.micro_batch_size=7"]))
+    off = train(
+        load_config(
+            RECIPE,
+            [
+                f"run.output_dir={tmp_path / 'all'}",
+                *FAST,
+                "run.steps=1",
+                "algo.advantage=mc_grpo",
+                "algo.advantage_kwargs={exclude_pivot: false}",
+                "sample.group_size=7",
+                "sample.batch_size=28",
+                "algo.micro_batch_size=7",
+            ],
+        )
+    )
     assert off["metrics"]["adv/mc_grpo/used_frac"] == 1.0
 
 
 def test_a_grae_suppresses_positive_advantages_through_the_trainer(tmp_path):
     # A-GRAE (arXiv:2602.05548) with pos_scale 0: every positive advantage is scaled to 0, negatives kept
     kw = "algo.advantage_kwargs={pos_scale: 0.0, accuracy_gate: 1.0, difficulty_focus: true}"
-    out = train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=2", "algo.advantage=asymmetric",
-                                     kw]))
+    out = train(
+        load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=2", "algo.advantage=asymmetric", kw])
+    )
     m = out["metrics"]
     assert m["adv/max"] == 0.0 and m["adv/min"] < 0 and m["skipped"] == 0.0
     assert 0 < m["adv/asymmetric/nonzero_frac"] < 1  # only the below-mean samples still push
@@ -233,8 +320,18 @@ def test_a_grae_suppresses_positive_advantages_through_the_trainer(tmp_path):
 def test_mmr1_diversity_reaches_the_sampler_through_the_trainer(tmp_path):
     # outcome_weight 0: a prompt's score is diversity_weight * distinct-1 of its group's completions, > 0 for any
     # group with at least one completion (a toy completion is one token, so distinct-1 = distinct completions / G)
-    out = train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=2", "sample.sampler=mmr1_vas",
-                                     "sample.sampler_kwargs={diversity_weight: 1.0, outcome_weight: 0.0}"]))
+    out = train(
+        load_config(
+            RECIPE,
+            [
+                f"run.output_dir={tmp_path}",
+                *FAST,
+                "run.steps=2",
+                "sample.sampler=mmr1_vas",
+                "sample.sampler_kwargs={diversity_weight: 1.0, outcome_weight: 0.0}",
+            ],
+        )
+    )
     m = out["metrics"]
     assert 0 < m["sampler/score_mean"] <= 1.0 and m["sampler/seen_frac"] > 0
 
@@ -248,9 +345,29 @@ def test_two_ranks_match_one(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
     # every launcher option on the command line, so no accelerate config file is read or needed
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", port,
-           "-m", "mmgrpo.cli", "train", RECIPE, f"run.output_dir={tmp_path / 'two'}", *FAST, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        port,
+        "-m",
+        "mmgrpo.cli",
+        "train",
+        RECIPE,
+        f"run.output_dir={tmp_path / 'two'}",
+        *FAST,
+        *args,
+    ]
     two = subprocess.run(cmd, check=False, env=_env(), capture_output=True, text=True)
     assert two.returncode == 0, two.stderr
     assert two.stdout.count("done: ") == 2, two.stdout  # both ranks ran to the end (each prints its own line)
@@ -291,8 +408,12 @@ def test_missing_tracker_is_a_user_error(monkeypatch, capsys):
 def test_kl_in_the_reward_per_token(tmp_path):
     # step 0 rolls out with the reference weights, so every token's KL(old || ref) is exactly 0; after an update
     # the rollout policy differs and the k3 penalty (>= 0 per token) is positive. The logged reward stays raw.
-    train(load_config(RECIPE, [f"run.output_dir={tmp_path}", *FAST, "run.steps=3", "algo.kl_reward_coef=0.5",
-                               "algo.kl_reward_kind=k3"]))
+    train(
+        load_config(
+            RECIPE,
+            [f"run.output_dir={tmp_path}", *FAST, "run.steps=3", "algo.kl_reward_coef=0.5", "algo.kl_reward_kind=k3"],
+        )
+    )
     rows = _metrics(tmp_path)
     assert rows[0]["kl/reward_penalty"] == 0.0 and rows[-1]["kl/reward_penalty"] > 0
     assert all(r["kl/reward_coef"] == 0.5 and 0 <= r["reward/total_mean"] <= 1 for r in rows)

@@ -11,11 +11,14 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOW = str(ROOT / "configs" / "flow" / "sd3_tiny_cpu.yaml")
 
 
-@pytest.mark.parametrize("override,value", [
-    ("pipeline.kwargs.step_weights=noise_aware", "'noise_aware'"),  # TempFlow-GRPO's weights
-    ("pipeline.kwargs.step_weights=guard", "'guard'"),
-    ("pipeline.kwargs.ratio_norm=true", "True"),
-])
+@pytest.mark.parametrize(
+    "override,value",
+    [
+        ("pipeline.kwargs.step_weights=noise_aware", "'noise_aware'"),  # TempFlow-GRPO's weights
+        ("pipeline.kwargs.step_weights=guard", "'guard'"),
+        ("pipeline.kwargs.ratio_norm=true", "True"),
+    ],
+)
 def test_step_weights_and_ratio_norm_need_the_guard_loss(override, value):
     key = override.split("=")[0]
     with pytest.raises(UserError) as err:

@@ -192,8 +192,17 @@ def test_video_iteration_encodes_each_prompt_once(cache, prefill_once):
     reference: the same completions and log-probs as uncached; the tower runs once per prompt instead of per pass."""
     from pipelines.video.build import build_video
 
-    task = build_video(seed=0, device=torch.device("cpu"), model=MODELS[0], cache_dir=cache, train_size=2,
-                       eval_size=1, num_frames=8, max_new_tokens=5, lora_rank=4)
+    task = build_video(
+        seed=0,
+        device=torch.device("cpu"),
+        model=MODELS[0],
+        cache_dir=cache,
+        train_size=2,
+        eval_size=1,
+        num_frames=8,
+        max_new_tokens=5,
+        lora_rank=4,
+    )
     pol, mod = task.policy, task.module
     pol.backend.prefill_once = prefill_once
     vc = mod.vision_cache

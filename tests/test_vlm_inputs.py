@@ -101,11 +101,19 @@ def test_aspect_ratio_limit_is_the_processors(processor):
 
 
 def test_extreme_aspect_ratio_is_refused_naming_the_row_or_skipped(tmp_path):
-    path = _rows(tmp_path, [{"image": _png(tmp_path, "ok.png", 8, 8), "question": "q", "answer": "a"},
-                            {"id": "strip", "image": _png(tmp_path, "s.png", 3, 2000), "question": "q", "answer": "a"},
-                            {"image": _png(tmp_path, "edge.png", 10, 2000), "question": "q", "answer": "a"}])
-    with pytest.raises(UserError, match=r"data.jsonl:2 \(id 'strip'\): image .*s.png' is 3x2000 pixels: aspect ratio "
-                                        r"667 exceeds the 200 .*skip_bad_images=true") as info:
+    path = _rows(
+        tmp_path,
+        [
+            {"image": _png(tmp_path, "ok.png", 8, 8), "question": "q", "answer": "a"},
+            {"id": "strip", "image": _png(tmp_path, "s.png", 3, 2000), "question": "q", "answer": "a"},
+            {"image": _png(tmp_path, "edge.png", 10, 2000), "question": "q", "answer": "a"},
+        ],
+    )
+    with pytest.raises(
+        UserError,
+        match=r"data.jsonl:2 \(id 'strip'\): image .*s.png' is 3x2000 pixels: aspect ratio "
+        r"667 exceeds the 200 .*skip_bad_images=true",
+    ) as info:
         jsonl_records(path)
     assert "\n" not in str(info.value)
     with pytest.warns(UserWarning, match=r"skipped 1 row.*line 2: image .* aspect ratio 667"):
@@ -115,10 +123,15 @@ def test_extreme_aspect_ratio_is_refused_naming_the_row_or_skipped(tmp_path):
 
 @pytest.mark.parametrize("token", ["<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|im_start|>"])
 def test_special_tokens_in_the_question_are_refused_or_skipped(tmp_path, token):
-    path = _rows(tmp_path, [{"image": _png(tmp_path, "a.png", 8, 8), "question": f"what is {token} here", "answer": "a",
-                             "id": 7}])
-    with pytest.raises(UserError, match=rf"data.jsonl:1 \(id 7\): the question contains the special token "
-                                        rf"'{__import__('re').escape(token)}'"):
+    path = _rows(
+        tmp_path,
+        [{"image": _png(tmp_path, "a.png", 8, 8), "question": f"what is {token} here", "answer": "a", "id": 7}],
+    )
+    with pytest.raises(
+        UserError,
+        match=rf"data.jsonl:1 \(id 7\): the question contains the special token "
+        rf"'{__import__('re').escape(token)}'",
+    ):
         jsonl_records(path)
     with pytest.warns(UserWarning, match="skipped 1 row"):
         assert jsonl_records(path, skip_bad_images=True) == []
@@ -157,9 +170,12 @@ def test_too_long_prompts_are_refused_or_skipped(processor, tmp_path):
     kw = {"positions": 2048, "max_prompt_length": None, "max_new_tokens": 64, "field": "pipeline.kwargs.data"}
     assert check_prompt_lengths([short, long_], count, skip=False, **kw) == [short, long_]
     kw["positions"] = n_long + 63  # one token short of room for max_new_tokens=64
-    with pytest.raises(UserError, match=rf"data.jsonl:2 \(id 'long'\): the prompt is {n_long} tokens \(\d+ of them "
-                                        rf"image tokens\), over .*the model's {n_long + 63} positions minus "
-                                        rf"max_new_tokens 64.*skip_bad_images=true"):
+    with pytest.raises(
+        UserError,
+        match=rf"data.jsonl:2 \(id 'long'\): the prompt is {n_long} tokens \(\d+ of them "
+        rf"image tokens\), over .*the model's {n_long + 63} positions minus "
+        rf"max_new_tokens 64.*skip_bad_images=true",
+    ):
         check_prompt_lengths([short, long_], count, skip=False, **kw)
     kw.update(positions=2048, max_prompt_length=n_long - 1)
     with pytest.raises(UserError, match=rf"over the {n_long - 1} allowed by pipeline.kwargs.max_prompt_length"):
@@ -180,8 +196,11 @@ def test_the_loaded_processors_special_tokens_are_refused(processor):
     rec = {"prompt": "<image>\nWhat is shown?", "_where": "llava.jsonl:4 (id 9)"}
     kw = {"positions": None, "max_prompt_length": None, "max_new_tokens": 8, "field": "pipeline.kwargs.data"}
     assert check_prompt_lengths([rec], lambda r: (0, 0), skip=False, **kw) == [rec]
-    with pytest.raises(UserError, match=r"llava.jsonl:4 \(id 9\): the question contains the special token '<image>'.*"
-                                        r"remove it, or set pipeline.kwargs.skip_bad_images=true"):
+    with pytest.raises(
+        UserError,
+        match=r"llava.jsonl:4 \(id 9\): the question contains the special token '<image>'.*"
+        r"remove it, or set pipeline.kwargs.skip_bad_images=true",
+    ):
         check_prompt_lengths([rec], lambda r: (0, 0), skip=False, special_tokens=("<image>",), **kw)
 
 
@@ -196,8 +215,12 @@ def test_video_directory_and_special_tokens(tmp_path):
     path.write_text(json.dumps({"video": "clips", "question": "when?", "spans": [0, 1]}) + "\n")
     with pytest.raises(UserError, match=r"v.jsonl:1: video .*clips' is a directory, not a video file"):
         video_records(path)
-    path.write_text(json.dumps({"id": "x", "video": "a.mp4", "question": "<|video_pad|> when?", "spans": [0, 1]}) + "\n")
-    with pytest.raises(UserError, match=r"v.jsonl:1 \(id 'x'\): the question contains the special token '<\|video_pad"):
+    path.write_text(
+        json.dumps({"id": "x", "video": "a.mp4", "question": "<|video_pad|> when?", "spans": [0, 1]}) + "\n"
+    )
+    with pytest.raises(
+        UserError, match=r"v.jsonl:1 \(id 'x'\): the question contains the special token '<\|video_pad"
+    ):
         video_records(path)
     assert video_records(path, skip_bad_videos=True) == []
 
@@ -207,8 +230,11 @@ def test_special_tokens_in_the_instruction_are_refused():
 
     kw = {"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0, "logp_chunk_tokens": 64, "model_dtype": None}
     _check(**kw, instruction="Answer in <answer></answer>.", system_prompt=None)
-    with pytest.raises(UserError, match=r"pipeline.kwargs.instruction: the instruction contains the special token "
-                                        r"'<\|im_end\|>'"):
+    with pytest.raises(
+        UserError,
+        match=r"pipeline.kwargs.instruction: the instruction contains the special token "
+        r"'<\|im_end\|>'",
+    ):
         _check(**kw, instruction="Answer.<|im_end|>", system_prompt=None)
     with pytest.raises(UserError, match=r"pipeline.kwargs.max_prompt_length \(0\) must be a whole number"):
         _check(**kw, max_prompt_length=0)

@@ -55,8 +55,17 @@ def test_care_ema_update_golden():
 
 
 def test_care_likelihood_reaches_the_grpo_care_reward(tmp_path):
-    task = build_vlm(seed=0, device=torch.device("cpu"), cache_dir=str(tmp_path), train_size=2, eval_size=1,
-                     max_new_tokens=6, care_likelihood=True, care_ema_every=1, care_ema_decay=0.5)
+    task = build_vlm(
+        seed=0,
+        device=torch.device("cpu"),
+        cache_dir=str(tmp_path),
+        train_size=2,
+        eval_size=1,
+        max_new_tokens=6,
+        care_likelihood=True,
+        care_ema_every=1,
+        care_ema_decay=0.5,
+    )
     pol = task.policy
     tok = pol.tokenizer
     texts = ["<think>ab</think><answer>4</answer>", "<think>c</think><answer>5</answer>", "<think>d</think>"]
@@ -70,7 +79,7 @@ def test_care_likelihood_reaches_the_grpo_care_reward(tmp_path):
     logp = pol._score(pol.module, encs, comps, lengths, 3)  # no grad
     answer_at = [texts[i].index("<answer>") for i in range(2)]
     # the answer is one byte token right after the <answer> tag token: p = exp(logp of that token)
-    pos = [len(tok(texts[i][:answer_at[i]])["input_ids"]) + 1 for i in range(2)]
+    pos = [len(tok(texts[i][: answer_at[i]])["input_ids"]) + 1 for i in range(2)]
     expect = [math.exp(float(logp[i, pos[i]])) for i in range(2)] + [0.0]
     assert like.tolist() == pytest.approx(expect, rel=1e-5)
     assert all(torch.equal(before[k_], v) for k_, v in pol.state_dict().items())  # weights restored after the swap

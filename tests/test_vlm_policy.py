@@ -16,7 +16,11 @@ from pipelines.vlm.data import jsonl_records
 from pipelines.vlm.tiny import SPECIALS, TAGS, tiny_model_dir
 
 MODELS = ["tiny-random-qwen2-vl", "tiny-random-qwen2.5-vl", "tiny-random-qwen3-vl"]
-CLASSES = {"tiny-random-qwen2-vl": "Qwen2VL", "tiny-random-qwen2.5-vl": "Qwen2_5_VL", "tiny-random-qwen3-vl": "Qwen3VL"}
+CLASSES = {
+    "tiny-random-qwen2-vl": "Qwen2VL",
+    "tiny-random-qwen2.5-vl": "Qwen2_5_VL",
+    "tiny-random-qwen3-vl": "Qwen3VL",
+}
 CPU = torch.device("cpu")
 
 
@@ -37,7 +41,9 @@ def test_tiny_model_loads_with_real_classes(cache, name):
     path = tiny_model_dir(name, cache)
     proc = AutoProcessor.from_pretrained(path)
     model = AutoModelForImageTextToText.from_pretrained(path)
-    assert type(proc).__name__ == f"{CLASSES[name]}Processor" and type(model.config).__name__ == f"{CLASSES[name]}Config"
+    assert (
+        type(proc).__name__ == f"{CLASSES[name]}Processor" and type(model.config).__name__ == f"{CLASSES[name]}Config"
+    )
     tok = proc.tokenizer
     assert len(tok) == 256 + len(SPECIALS) + len(TAGS)
     assert tok.decode(tok("héllo <answer>2</answer>")["input_ids"]) == "héllo <answer>2</answer>"
@@ -94,10 +100,10 @@ def test_mask_ends_at_stop_string_and_eos(cache):
     rows = [r + tok("T")["input_ids"] for r in rows]
     stops(torch.tensor(rows))
     rows = [r + tok("OP")["input_ids"] for r in rows]
-    done = stops(torch.tensor([r[:len(x) + 2] + tok("O")["input_ids"] for r in rows]))
+    done = stops(torch.tensor([r[: len(x) + 2] + tok("O")["input_ids"] for r in rows]))
     # row 0 "cTO": running; row 1 eos at 1; row 2 "</answer>" token at 1; row 3 "STO": running
     assert stops.done_at.tolist() == [-1, 1, 1, -1] and done.tolist() == [False, True, True, False]
-    stops(torch.tensor([r[:len(x) + 3] + tok("P")["input_ids"] for r in rows]))
+    stops(torch.tensor([r[: len(x) + 3] + tok("P")["input_ids"] for r in rows]))
     assert stops.done_at.tolist() == [-1, 1, 1, 4]  # "STOP" completes at the 4th token, split over 4 tokens
 
 
@@ -173,9 +179,11 @@ def test_jsonl_data_errors_name_the_row(tmp_path):
     (tmp_path / "img").mkdir()
     Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(tmp_path / "img" / "ok.png")
     (tmp_path / "img" / "bad.png").write_bytes(b"not a png")
-    rows = [{"image": "img/ok.png", "question": "q1", "answer": "1", "boxes": [1, 2, 3, 4]},
-            {"image": "img/missing.png", "question": "q2", "answer": "2", "id": "row-b"},
-            {"image": "img/bad.png", "problem": "q3", "solution": "3"}]
+    rows = [
+        {"image": "img/ok.png", "question": "q1", "answer": "1", "boxes": [1, 2, 3, 4]},
+        {"image": "img/missing.png", "question": "q2", "answer": "2", "id": "row-b"},
+        {"image": "img/bad.png", "problem": "q3", "solution": "3"},
+    ]
     path = _write_jsonl(tmp_path, rows)
     with pytest.raises(UserError, match=r"data.jsonl:2 \(id 'row-b'\): image .*missing.png.* does not exist"):
         jsonl_records(path)
@@ -231,10 +239,12 @@ def test_hf_dataset_records_name_bad_rows_and_roll_out(cache, tmp_path, monkeypa
 
     png = io.BytesIO()
     Image.fromarray(np.full((30, 40, 3), 7, np.uint8)).save(png, format="PNG")
-    rows = [{"image": Image.fromarray(np.full((32, 32, 3), 200, np.uint8)), "problem": "q0", "answer": 3, "id": "a"},
-            {"images": [{"bytes": png.getvalue(), "path": None}], "question": "q1", "solution": "B"},
-            {"image": {"bytes": b"junk", "path": None}, "question": "q2", "answer": "x", "id": "bad"},
-            {"image": str(tmp_path / "missing.png"), "question": "q3", "answer": "y"}]
+    rows = [
+        {"image": Image.fromarray(np.full((32, 32, 3), 200, np.uint8)), "problem": "q0", "answer": 3, "id": "a"},
+        {"images": [{"bytes": png.getvalue(), "path": None}], "question": "q1", "solution": "B"},
+        {"image": {"bytes": b"junk", "path": None}, "question": "q2", "answer": "x", "id": "bad"},
+        {"image": str(tmp_path / "missing.png"), "question": "q3", "answer": "y"},
+    ]
     calls = []
     fake = ModuleType("datasets")
     fake.load_dataset = lambda name, split: calls.append((name, split)) or rows
@@ -292,8 +302,9 @@ def test_prefix_attention_reaches_the_update_and_bad_values_fail_at_build(cache,
     assert task.module.shared and task.module.prefix_attention == "mask"
     seen = []
     real = policy_mod.completion_logp
-    monkeypatch.setattr(policy_mod, "completion_logp",
-                        lambda *a, **kw: seen.append(kw["prefix_attention"]) or real(*a, **kw))
+    monkeypatch.setattr(
+        policy_mod, "completion_logp", lambda *a, **kw: seen.append(kw["prefix_attention"]) or real(*a, **kw)
+    )
     ro = task.policy.rollout(task.train_data[:1], 2, [0])
     task.policy.logp(task.module, ro, torch.arange(2))
     assert seen and set(seen) == {"mask"}

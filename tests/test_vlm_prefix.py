@@ -72,8 +72,18 @@ def test_shared_equals_plain_outputs_and_grads(cache, name):
     lengths = torch.tensor([9, 4, 1, 6, 9, 2, 5, 7])  # unequal, including a single-token completion
 
     def run(shared, attention="auto"):
-        return completion_logp(model.model, model.lm_head, prompts, comps, lengths, shared=shared, pad_id=0,
-                               temperature=0.7, chunk_tokens=5, prefix_attention=attention)
+        return completion_logp(
+            model.model,
+            model.lm_head,
+            prompts,
+            comps,
+            lengths,
+            shared=shared,
+            pad_id=0,
+            temperature=0.7,
+            chunk_tokens=5,
+            prefix_attention=attention,
+        )
 
     assert attention_mode(model.model, "auto") == "grouped"
     lp_p, ent_p, g_p = _grads(model, lambda: run(False))
@@ -103,15 +113,21 @@ def test_shared_equals_plain_with_lora_and_checkpointing(cache, setup):
     proc, model = _load(cache, MODELS[0])
     model.double().train()
     if setup == "lora":
-        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, init_lora_weights=False))
+        model = get_peft_model(
+            model, LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS, init_lora_weights=False)
+        )
     else:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     base = model.get_base_model() if setup == "lora" else model
     assert attention_mode(base.model, "auto") == ("grouped" if setup == "lora" else "mask")
     enc = _enc(proc, "Is there a red circle?", (40, 40))
     comps, lengths = torch.randint(0, 256, (3, 6), generator=torch.Generator().manual_seed(2)), torch.tensor([6, 2, 4])
-    runs = [_grads(model, lambda s=s: completion_logp(base.model, base.lm_head, [enc] * 3, comps, lengths, shared=s,
-                                                       pad_id=0)) for s in (False, True)]
+    runs = [
+        _grads(
+            model, lambda s=s: completion_logp(base.model, base.lm_head, [enc] * 3, comps, lengths, shared=s, pad_id=0)
+        )
+        for s in (False, True)
+    ]
     torch.testing.assert_close(runs[1][0], runs[0][0], rtol=1e-6, atol=1e-6)
     assert runs[0][2].keys() == runs[1][2].keys() and (setup != "lora" or all("lora_" in k for k in runs[0][2]))
     for k, g in runs[0][2].items():
@@ -121,8 +137,13 @@ def test_shared_equals_plain_with_lora_and_checkpointing(cache, setup):
 def _dense_reference(q, k, v, seg, scale):
     """softmax(q k^T * scale + block mask) v over each whole row, K/V heads repeated for GQA: [R, L, H, D]."""
     rep = q.shape[1] // k.shape[1]
-    ref = torch.nn.functional.scaled_dot_product_attention(q, k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1),
-                                                           attn_mask=_block_mask(seg, torch.bool), scale=scale)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        q,
+        k.repeat_interleave(rep, 1),
+        v.repeat_interleave(rep, 1),
+        attn_mask=_block_mask(seg, torch.bool),
+        scale=scale,
+    )
     return ref.transpose(1, 2)
 
 
@@ -133,9 +154,13 @@ def test_grouped_attention_equals_dense_mask_sdpa(split):
     block-mask SDPA, both with the CPU split-KV completion call and with the expanded-K/V call (SDPA math backend)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    seg = torch.tensor([[0] * 5 + [1] * 3 + [2] + [4] * 4 + [-1] * 2,  # completion 3 had no tokens in the row
-                        [0] * 9 + [1] * 2 + [2] * 4,
-                        [0] * 7 + [1] * 4 + [2] * 4])  # equal lengths: the own part is plain causal
+    seg = torch.tensor(
+        [
+            [0] * 5 + [1] * 3 + [2] + [4] * 4 + [-1] * 2,  # completion 3 had no tokens in the row
+            [0] * 9 + [1] * 2 + [2] * 4,
+            [0] * 7 + [1] * 4 + [2] * 4,
+        ]
+    )  # equal lengths: the own part is plain causal
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(3, 4, 15, 8, dtype=torch.float64, generator=gen).requires_grad_()
     k = torch.randn(3, 2, 15, 8, dtype=torch.float64, generator=gen).requires_grad_()
@@ -228,11 +253,11 @@ def test_completion_positions_continue_after_the_prefix(cache, name):
     kwargs, rows, where = shared_inputs(model.model, [enc, enc], comps, lengths, pad_id=0, dtype=torch.float32)
     lp = enc["input_ids"].shape[1]
     for i, start in ((0, lp), (1, lp + 4)):
-        full = torch.cat([enc["input_ids"], comps[i: i + 1, :4]], 1)  # the 4 completion tokens fed as inputs
+        full = torch.cat([enc["input_ids"], comps[i : i + 1, :4]], 1)  # the 4 completion tokens fed as inputs
         mm = torch.cat([enc["mm_token_type_ids"], torch.zeros(1, 4, dtype=torch.long)], 1)
         ref, _ = model.model.get_rope_index(full, mm_token_type_ids=mm, image_grid_thw=enc["image_grid_thw"])
         m = int(lengths[i]) - 1
-        assert torch.equal(kwargs["position_ids"][:, 0, start: start + m], ref[:, 0, lp: lp + m])
+        assert torch.equal(kwargs["position_ids"][:, 0, start : start + m], ref[:, 0, lp : lp + m])
     assert torch.equal(kwargs["position_ids"][:, 0, :lp], mrope_positions(model.model, enc))
     # hidden state predicting token t: the last prompt token for t = 0, else completion token t - 1
     assert where[0].tolist()[:5] == [lp - 1, lp, lp + 1, lp + 2, lp + 3]
@@ -243,12 +268,17 @@ def test_block_mask_golden():
     # row: prefix of 2 (seg 0), completion 1 of 2 tokens, completion 2 of 1 token, one pad
     seg = torch.tensor([[0, 0, 1, 1, 2, -1]])
     allowed = _block_mask(seg, torch.float32)[0, 0] == 0
-    expect = torch.tensor([[1, 0, 0, 0, 0, 0],
-                           [1, 1, 0, 0, 0, 0],
-                           [1, 1, 1, 0, 0, 0],
-                           [1, 1, 1, 1, 0, 0],
-                           [1, 1, 0, 0, 1, 0],  # completion 2 sees the prefix and itself, not completion 1
-                           [0, 0, 0, 0, 0, 1]], dtype=torch.bool)  # padding sees only itself (no NaN row)
+    expect = torch.tensor(
+        [
+            [1, 0, 0, 0, 0, 0],
+            [1, 1, 0, 0, 0, 0],
+            [1, 1, 1, 0, 0, 0],
+            [1, 1, 1, 1, 0, 0],
+            [1, 1, 0, 0, 1, 0],  # completion 2 sees the prefix and itself, not completion 1
+            [0, 0, 0, 0, 0, 1],
+        ],
+        dtype=torch.bool,
+    )  # padding sees only itself (no NaN row)
     assert torch.equal(allowed, expect)
     assert torch.equal(_block_mask(seg, torch.bool)[0, 0], expect)  # the SDPA form
     assert _block_mask(seg, torch.float32)[0, 0, 0, 1] == torch.finfo(torch.float32).min
@@ -260,8 +290,10 @@ def test_shared_equals_plain_for_each_attention(cache, attn):
     model.set_attn_implementation(attn)
     enc = _enc(proc, "Is there a red circle?", (40, 40))
     comps, lengths = torch.randint(0, 256, (3, 6)), torch.tensor([6, 2, 4])
-    run = [completion_logp(model.model, model.lm_head, [enc] * 3, comps, lengths, shared=s, pad_id=0)[0]
-           for s in (False, True)]
+    run = [
+        completion_logp(model.model, model.lm_head, [enc] * 3, comps, lengths, shared=s, pad_id=0)[0]
+        for s in (False, True)
+    ]
     torch.testing.assert_close(run[1], run[0], rtol=1e-5, atol=1e-5)
     model.set_attn_implementation("sdpa")
 
@@ -277,8 +309,10 @@ def test_shared_equals_plain_for_a_qwen3_vl_video(cache):
     enc = dict(proc(text=[text], videos=[frames], return_tensors="pt", do_sample_frames=False, video_metadata=meta))
     assert "video_grid_thw" in enc and int(enc["video_grid_thw"][0, 0]) == 4  # 8 frames, temporal patch 2
     comps, lengths = torch.randint(0, 256, (3, 6)), torch.tensor([6, 2, 4])
-    run = [completion_logp(model.model, model.lm_head, [enc] * 3, comps, lengths, shared=s, pad_id=0)[0].detach()
-           for s in (False, True)]
+    run = [
+        completion_logp(model.model, model.lm_head, [enc] * 3, comps, lengths, shared=s, pad_id=0)[0].detach()
+        for s in (False, True)
+    ]
     torch.testing.assert_close(run[1], run[0], rtol=1e-5, atol=1e-5)
 
 
@@ -309,9 +343,12 @@ def test_token_logp_chunked_matches_dense_and_suppresses():
     torch.testing.assert_close(ent.double(), ref_ent.detach(), rtol=1e-5, atol=1e-6)
     assert not ent.requires_grad and torch.isfinite(ent).all()
     # a uniform head over 9 allowed ids: entropy log 9, every log-prob -log 9
-    flat, e = token_logp(torch.zeros(2, 6), torch.nn.Linear(6, 11, bias=False), torch.tensor([0, 1]),
-                         suppress=suppress)
-    assert torch.allclose(flat, torch.full((2,), -np.log(9.0)).float()) and torch.allclose(e, torch.full((2,), np.log(9.0)).float())
+    flat, e = token_logp(
+        torch.zeros(2, 6), torch.nn.Linear(6, 11, bias=False), torch.tensor([0, 1]), suppress=suppress
+    )
+    assert torch.allclose(flat, torch.full((2,), -np.log(9.0)).float()) and torch.allclose(
+        e, torch.full((2,), np.log(9.0)).float()
+    )
 
 
 def test_supports_shared_falls_back_cleanly(cache):
@@ -340,8 +377,14 @@ def test_builder_falls_back_to_the_plain_batch(cache, monkeypatch):
     from pipelines.vlm import prefix
     from pipelines.vlm.build import build_vlm
 
-    kw = {"seed": 0, "device": torch.device("cpu"), "cache_dir": cache, "train_size": 2, "eval_size": 1,
-          "max_new_tokens": 6}
+    kw = {
+        "seed": 0,
+        "device": torch.device("cpu"),
+        "cache_dir": cache,
+        "train_size": 2,
+        "eval_size": 1,
+        "max_new_tokens": 6,
+    }
     assert build_vlm(**kw).module.shared  # supported: on by default
     monkeypatch.setattr(prefix, "SHARED_MODEL_TYPES", ("llava",))  # as if qwen2_vl had no block-mask support
     task = build_vlm(**kw)
@@ -360,8 +403,23 @@ def test_lengths_out_of_range_raise(cache):
     proc, model = _load(cache, MODELS[0])
     enc = _enc(proc, "Q", (32, 32))
     with pytest.raises(ValueError, match="lengths"):
-        completion_logp(model.model, model.lm_head, [enc], torch.zeros(1, 3, dtype=torch.long), torch.tensor([0]),
-                        shared=True, pad_id=0)
+        completion_logp(
+            model.model,
+            model.lm_head,
+            [enc],
+            torch.zeros(1, 3, dtype=torch.long),
+            torch.tensor([0]),
+            shared=True,
+            pad_id=0,
+        )
     with pytest.raises(UserError, match="prefix_attention \\('grouped_'\\)"):
-        completion_logp(model.model, model.lm_head, [enc], torch.zeros(1, 3, dtype=torch.long), torch.tensor([3]),
-                        shared=False, pad_id=0, prefix_attention="grouped_")
+        completion_logp(
+            model.model,
+            model.lm_head,
+            [enc],
+            torch.zeros(1, 3, dtype=torch.long),
+            torch.tensor([3]),
+            shared=False,
+            pad_id=0,
+            prefix_attention="grouped_",
+        )

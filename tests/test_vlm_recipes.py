@@ -39,14 +39,33 @@ def cache(tmp_path_factory):
 
 def _tiny(cache: str, out: Path, model: str) -> list[str]:
     """Overrides that shrink any VLM recipe to a CPU smoke run on a tiny random model of the same classes."""
-    return [f"run.output_dir={out}", "run.steps=2", "run.progress=false", "run.report=false", "run.device=cpu",
-            "run.mixed_precision=no", "run.checkpoint_every=0", "run.resume=never",
-            f"pipeline.kwargs.model={model}", f"pipeline.kwargs.cache_dir={cache}", "pipeline.kwargs.data=shapes_vqa",
-            "pipeline.kwargs.eval_data=null", "pipeline.kwargs.train_size=8", "pipeline.kwargs.eval_size=2",
-            "pipeline.kwargs.model_dtype=null", "pipeline.kwargs.min_pixels=null", "pipeline.kwargs.max_pixels=null",
-            "pipeline.kwargs.max_new_tokens=8", "pipeline.kwargs.skip_bad_images=false",
-            "sample.batch_size=8", "sample.group_size=4", "algo.micro_batch_size=4", "algo.num_minibatches=1",
-            "optim.warmup_steps=0", "rewards=[{name: vlm_test_letters, weight: 1.0}]"]
+    return [
+        f"run.output_dir={out}",
+        "run.steps=2",
+        "run.progress=false",
+        "run.report=false",
+        "run.device=cpu",
+        "run.mixed_precision=no",
+        "run.checkpoint_every=0",
+        "run.resume=never",
+        f"pipeline.kwargs.model={model}",
+        f"pipeline.kwargs.cache_dir={cache}",
+        "pipeline.kwargs.data=shapes_vqa",
+        "pipeline.kwargs.eval_data=null",
+        "pipeline.kwargs.train_size=8",
+        "pipeline.kwargs.eval_size=2",
+        "pipeline.kwargs.model_dtype=null",
+        "pipeline.kwargs.min_pixels=null",
+        "pipeline.kwargs.max_pixels=null",
+        "pipeline.kwargs.max_new_tokens=8",
+        "pipeline.kwargs.skip_bad_images=false",
+        "sample.batch_size=8",
+        "sample.group_size=4",
+        "algo.micro_batch_size=4",
+        "algo.num_minibatches=1",
+        "optim.warmup_steps=0",
+        "rewards=[{name: vlm_test_letters, weight: 1.0}]",
+    ]
 
 
 def test_every_recipe_validates():
@@ -74,13 +93,18 @@ def _same_class(recipe: Path) -> str:
 
 
 def test_recipes_run_on_tiny_models_of_their_class():
-    assert {r.name: _same_class(r) for r in RECIPES} == {"qwen25vl_3b_geometry.yaml": "tiny-random-qwen2.5-vl",
-                                                         "qwen25vl_7b_mathvision.yaml": "tiny-random-qwen2.5-vl",
-                                                         "shapes_vqa.yaml": "tiny-random-qwen2-vl"}
+    assert {r.name: _same_class(r) for r in RECIPES} == {
+        "qwen25vl_3b_geometry.yaml": "tiny-random-qwen2.5-vl",
+        "qwen25vl_7b_mathvision.yaml": "tiny-random-qwen2.5-vl",
+        "shapes_vqa.yaml": "tiny-random-qwen2-vl",
+    }
 
 
-@pytest.mark.parametrize("recipe,model", [(r.name, _same_class(r)) for r in RECIPES]
-                         + [("shapes_vqa.yaml", "tiny-random-qwen2.5-vl"), ("shapes_vqa.yaml", "tiny-random-qwen3-vl")])
+@pytest.mark.parametrize(
+    "recipe,model",
+    [(r.name, _same_class(r)) for r in RECIPES]
+    + [("shapes_vqa.yaml", "tiny-random-qwen2.5-vl"), ("shapes_vqa.yaml", "tiny-random-qwen3-vl")],
+)
 def test_two_training_steps_change_weights(cache, tmp_path, recipe, model):
     cfg = load_config(ROOT / "configs" / "vlm" / recipe, _tiny(cache, tmp_path, model))
     before = _initial_weights(cfg)
@@ -115,8 +139,7 @@ def test_deferred_old_logp_trains_exactly_like_scored(cache, tmp_path, monkeypat
     monkeypatch.setattr(VLMPolicy, "_score", lambda self, *a, **k: calls.append(1) or score(self, *a, **k))
     deferred = run(tmp_path / "deferred")
     assert not calls  # no scoring pass at all
-    monkeypatch.setattr(VLMPolicy, "defer_old_logp", property(lambda self: False, lambda self, v: None),
-                        raising=False)
+    monkeypatch.setattr(VLMPolicy, "defer_old_logp", property(lambda self: False, lambda self, v: None), raising=False)
     scored = run(tmp_path / "scored")
     assert calls
     assert deferred.keys() == scored.keys()

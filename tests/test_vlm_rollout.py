@@ -35,11 +35,13 @@ def _task(cache, **kw):
 def test_stop_lengths_follow_the_generate_stopping_rule(cache):
     tok = _task(cache).policy.tokenizer
     eos = tok.convert_tokens_to_ids("<|im_end|>")
-    ids = [tok("ab")["input_ids"] + [eos] + tok("cd")["input_ids"],  # "a b <eos>": 3 tokens, EOS kept
-           tok("x</answer>yz")["input_ids"],  # "</answer>" is one token id: "x </answer>" = 2
-           tok("qSTOPr")["input_ids"],  # "S T O P" completes at the 5th token
-           tok("abcdef")["input_ids"],  # no stop: all 6 (truncated)
-           []]  # nothing sampled: 1, as generate's clamp
+    ids = [
+        tok("ab")["input_ids"] + [eos] + tok("cd")["input_ids"],  # "a b <eos>": 3 tokens, EOS kept
+        tok("x</answer>yz")["input_ids"],  # "</answer>" is one token id: "x </answer>" = 2
+        tok("qSTOPr")["input_ids"],  # "S T O P" completes at the 5th token
+        tok("abcdef")["input_ids"],  # no stop: all 6 (truncated)
+        [],
+    ]  # nothing sampled: 1, as generate's clamp
     stop = ("</answer>", "STOP")
     assert stop_lengths(ids, [eos], stop, tok) == [3, 2, 5, 6, 1]
     # the generate-time criterion stops the same rows at the same tokens when fed one token at a time
@@ -57,10 +59,12 @@ def test_prefill_once_encodes_each_prompt_once(cache):
     pol, hf = task.policy, task.module.hf
     pol.defer_old_logp = True  # no scoring forward: only the rollout's calls are seen
     images, lm_rows = [], []
-    hooks = [hf.model.visual.register_forward_pre_hook(lambda m, a, kw: images.append(a[0].shape[0]),
-                                                       with_kwargs=True),
-             hf.model.language_model.register_forward_pre_hook(
-                 lambda m, a, kw: lm_rows.append(tuple(kw["inputs_embeds"].shape[:2])), with_kwargs=True)]
+    hooks = [
+        hf.model.visual.register_forward_pre_hook(lambda m, a, kw: images.append(a[0].shape[0]), with_kwargs=True),
+        hf.model.language_model.register_forward_pre_hook(
+            lambda m, a, kw: lm_rows.append(tuple(kw["inputs_embeds"].shape[:2])), with_kwargs=True
+        ),
+    ]
     for once, rows in ((True, 2), (False, 8)):
         images.clear()
         lm_rows.clear()
@@ -120,7 +124,9 @@ def test_generate_gets_the_synced_gpus_decision(cache, monkeypatch):
     pol.rollout(task.train_data[:2], 2, [0, 1])
     assert seen == [None, True] and calls == [pol.module.hf]  # decided once; one call for the rank's two prompts
     flags, all_done = [], decode._all_done
-    monkeypatch.setattr(decode, "_all_done", lambda done, synced, dev: flags.append(synced) or all_done(done, False, dev))
+    monkeypatch.setattr(
+        decode, "_all_done", lambda done, synced, dev: flags.append(synced) or all_done(done, False, dev)
+    )
     pol.backend = HFBackend(prefill_once=True)
     pol.rollout(task.train_data[:2], 2, [0, 1])
     assert len(flags) >= 1 and all(flags) and seen == [None, True]  # every step asks the other ranks; no generate
@@ -153,7 +159,7 @@ def test_group_sampler_draws_the_warped_softmax():
     assert chi2 < 18.42, chi2  # chi-square 2 dof upper 1e-4 quantile (= -2 ln 1e-4)
     # each prompt's rows draw from their own generator: prompt 1 alone gives the rows it gives among others
     alone = GroupSampler([4], g, temperature=0.7, top_k=4, top_p=0.95, device=CPU)(None, logits[:g].clone())
-    assert torch.equal(alone.argmax(-1), picks[g: 2 * g])
+    assert torch.equal(alone.argmax(-1), picks[g : 2 * g])
     with pytest.raises(ValueError, match="rows for 4 prompts"):
         sampler(None, logits[:7].clone())
 
@@ -178,13 +184,22 @@ def test_batched_rollout_is_seeded_per_prompt_and_samples_as_generate(cache):
         assert torch.equal(ro.extras["completion_ids"], ref.extras["completion_ids"]) and ro.samples == ref.samples
         assert (ro.extras["gen_logp"] - ref.extras["gen_logp"]).abs().max() < 1e-5
     hf, lengths = task.module.hf, ref.extras["lengths"]
-    cfg = GenerationConfig(do_sample=True, temperature=0.7, top_k=20, top_p=0.9, repetition_penalty=1.0,
-                           max_new_tokens=12, suppress_tokens=task.module.suppress_ids, num_return_sequences=g,
-                           pad_token_id=pol.tokenizer.pad_token_id, eos_token_id=pol.eos_ids)
+    cfg = GenerationConfig(
+        do_sample=True,
+        temperature=0.7,
+        top_k=20,
+        top_p=0.9,
+        repetition_penalty=1.0,
+        max_new_tokens=12,
+        suppress_tokens=task.module.suppress_ids,
+        num_return_sequences=g,
+        pad_token_id=pol.tokenizer.pad_token_id,
+        eos_token_id=pol.eos_ids,
+    )
     for b, (rec, seed) in enumerate(zip(recs, seeds)):
         enc = {k: v for k, v in pol.encode(rec).items() if not k.startswith("_")}
         torch.manual_seed(seed)
-        want = hf.generate(**enc, generation_config=cfg)[:, enc["input_ids"].shape[1]:]  # [G, T]
+        want = hf.generate(**enc, generation_config=cfg)[:, enc["input_ids"].shape[1] :]  # [G, T]
         for j in range(g):
             i, n = b * g + j, int(lengths[b * g + j])
             assert ref.extras["completion_ids"][i, :n].tolist() == want[j, :n].tolist()
@@ -251,9 +266,25 @@ def test_rollout_under_fsdp2_with_ranks_finishing_apart(cache, tmp_path):
         port = str(sock.getsockname()[1])
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          port, str(script), cache, str(tmp_path)], env=env, capture_output=True, text=True, timeout=240,
-                         check=False)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            port,
+            str(script),
+            cache,
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     for name, row in (("once", 0), ("generate", 1)):  # both sampling loops (decode.py's and transformers')
         lines = [(tmp_path / f"rank{r}.txt").read_text().split(";")[row] for r in range(2)]
@@ -286,8 +317,9 @@ class FakeLLM:
         self.log.append(("generate", inputs, sampling_params))
         outs = []
         for params in sampling_params:
-            comps = [SimpleNamespace(index=j, token_ids=tuple(FAKE.script[j % len(FAKE.script)]))
-                     for j in range(params.n)]
+            comps = [
+                SimpleNamespace(index=j, token_ids=tuple(FAKE.script[j % len(FAKE.script)])) for j in range(params.n)
+            ]
             outs.append(SimpleNamespace(outputs=comps[::-1]))  # any order: the backend sorts by index
         return outs
 
@@ -314,34 +346,67 @@ def fake_vllm(monkeypatch):
 
 @pytest.mark.filterwarnings("ignore:pipeline.kwargs.top_p < 1", "ignore:Passing `min_pixels`:FutureWarning")
 def test_vllm_backend_prompts_params_weights_and_masks(cache, fake_vllm):
-    task = _task(cache, rollout_backend="vllm", lora_rank=4, temperature=0.7, top_p=0.9, stop=["</answer>", "END"],
-                 min_pixels=3136, max_pixels=12544, vllm_gpu_memory_utilization=0.5, vllm_max_model_len=512,
-                 vllm_enable_sleep_mode=True, vllm_engine_kwargs={"enforce_eager": True})
+    task = _task(
+        cache,
+        rollout_backend="vllm",
+        lora_rank=4,
+        temperature=0.7,
+        top_p=0.9,
+        stop=["</answer>", "END"],
+        min_pixels=3136,
+        max_pixels=12544,
+        vllm_gpu_memory_utilization=0.5,
+        vllm_max_model_len=512,
+        vllm_enable_sleep_mode=True,
+        vllm_engine_kwargs={"enforce_eager": True},
+    )
     pol, tok = task.policy, task.policy.tokenizer
     eos = tok.convert_tokens_to_ids("<|im_end|>")
-    FAKE.script = [tok("<think>x</think><answer>1</answer>zz")["input_ids"],  # cut after </answer>
-                      tok("ab")["input_ids"] + [eos] + tok("cd")["input_ids"],  # cut after EOS
-                      tok("q")["input_ids"] * 13,  # longer than max_new_tokens=10: truncated to 10
-                      tok("abEND")["input_ids"] + tok("xy")["input_ids"]]  # multi-token stop string: 5
+    FAKE.script = [
+        tok("<think>x</think><answer>1</answer>zz")["input_ids"],  # cut after </answer>
+        tok("ab")["input_ids"] + [eos] + tok("cd")["input_ids"],  # cut after EOS
+        tok("q")["input_ids"] * 13,  # longer than max_new_tokens=10: truncated to 10
+        tok("abEND")["input_ids"] + tok("xy")["input_ids"],
+    ]  # multi-token stop string: 5
     records = task.train_data[:2]
     ro = pol.rollout(records, 4, [11, 12])
     (llm,) = FAKE.engines
-    assert llm.kwargs == {"model": rollout_vllm_model(cache), "dtype": "auto", "seed": 0, "tensor_parallel_size": 1,
-                          "distributed_executor_backend": "external_launcher", "gpu_memory_utilization": 0.5,
-                          "enable_sleep_mode": True, "limit_mm_per_prompt": {"image": 1}, "max_model_len": 512,
-                          "mm_processor_kwargs": {"min_pixels": 3136, "max_pixels": 12544}, "enforce_eager": True}
+    assert llm.kwargs == {
+        "model": rollout_vllm_model(cache),
+        "dtype": "auto",
+        "seed": 0,
+        "tensor_parallel_size": 1,
+        "distributed_executor_backend": "external_launcher",
+        "gpu_memory_utilization": 0.5,
+        "enable_sleep_mode": True,
+        "limit_mm_per_prompt": {"image": 1},
+        "max_model_len": 512,
+        "mm_processor_kwargs": {"min_pixels": 3136, "max_pixels": 12544},
+        "enforce_eager": True,
+    }
     assert [e[0] for e in llm.log] == ["wake", "load", "reset", "generate", "sleep"]
     _, inputs, params = llm.log[3]
     for record, inp in zip(records, inputs):
-        assert inp["prompt"] == ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
-                                 f"{record['prompt']}\n{FORMAT_INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n")
+        assert inp["prompt"] == (
+            "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
+            f"{record['prompt']}\n{FORMAT_INSTRUCTION}<|im_end|>\n<|im_start|>assistant\n"
+        )
         (image,) = inp["multi_modal_data"]["image"]
         assert np.array_equal(np.asarray(image), record["image"])
     for p, seed in zip(params, [11, 12]):
-        assert vars(p) == {"n": 4, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_tokens": 10,
-                           "repetition_penalty": 1.0, "stop": ["</answer>", "END"], "include_stop_str_in_output": True,
-                           "stop_token_ids": pol.eos_ids, "seed": seed,
-                           "logit_bias": {i: -100.0 for i in pol.module.suppress_ids}}
+        assert vars(p) == {
+            "n": 4,
+            "temperature": 0.7,
+            "top_p": 0.9,
+            "top_k": -1,
+            "max_tokens": 10,
+            "repetition_penalty": 1.0,
+            "stop": ["</answer>", "END"],
+            "include_stop_str_in_output": True,
+            "stop_token_ids": pol.eos_ids,
+            "seed": seed,
+            "logit_bias": {i: -100.0 for i in pol.module.suppress_ids},
+        }
     # the HF path's stop / truncation / mask rule on vLLM's ids
     lens = [len(tok("<think>x</think><answer>1</answer>")["input_ids"]), 3, 10, 5]
     assert ro.extras["lengths"].tolist() == lens * 2
@@ -382,7 +447,9 @@ def test_vllm_gets_the_current_merged_weights_before_each_rollout(cache, fake_vl
     assert all(torch.equal(first[n], base[in_peft[n]]) for n in first)  # B = 0 at the start: merged = base
     assert max(float((second[n] - expected[n]).abs().max()) for n in expected) < 1e-6  # W + (alpha/r) B A
     moved = [n for n in expected if not torch.equal(second[n], first[n])]
-    assert len(moved) == 7 * task.module.hf.get_base_model().config.text_config.num_hidden_layers  # q k v o gate up down
+    assert (
+        len(moved) == 7 * task.module.hf.get_base_model().config.text_config.num_hidden_layers
+    )  # q k v o gate up down
 
 
 def test_merged_weights_of_full_fine_tuning_are_the_parameters(cache):
@@ -409,6 +476,9 @@ def test_vllm_errors_name_the_fix(cache, fake_vllm, monkeypatch):
 
 def test_vllm_is_refused_without_cuda(cache, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", ModuleType("vllm"))  # installed, but this policy runs on the CPU
-    with pytest.raises(UserError, match="rollout_backend=vllm needs a CUDA device, but the policy runs on cpu.*"
-                                        "set pipeline.kwargs.rollout_backend=hf"):
+    with pytest.raises(
+        UserError,
+        match="rollout_backend=vllm needs a CUDA device, but the policy runs on cpu.*"
+        "set pipeline.kwargs.rollout_backend=hf",
+    ):
         _task(cache, rollout_backend="vllm")

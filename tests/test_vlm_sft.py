@@ -22,8 +22,9 @@ def cache(tmp_path_factory):
 
 
 def _task(cache, **kw):
-    return build_vlm(seed=0, device=CPU, model="tiny-random-qwen2-vl", cache_dir=cache, train_size=4, eval_size=1,
-                     **kw)
+    return build_vlm(
+        seed=0, device=CPU, model="tiny-random-qwen2-vl", cache_dir=cache, train_size=4, eval_size=1, **kw
+    )
 
 
 def _records(task):
@@ -47,7 +48,7 @@ def test_sft_loss_is_the_token_mean_nll_of_the_targets(cache):
         with torch.no_grad():
             logits = hf(input_ids=ids, attention_mask=torch.ones_like(ids), mm_token_type_ids=mm, **inputs).logits[0]
         lp = enc["input_ids"].shape[1]
-        step = logits[lp - 1: lp + m - 1].double()  # [m, V]
+        step = logits[lp - 1 : lp + m - 1].double()  # [m, V]
         step[:, task.module.suppress_ids] = float("-inf")  # placeholders are outside the policy's distribution
         total -= float(step.log_softmax(-1).gather(-1, c[:m, None]).sum())
         count += m
@@ -66,10 +67,27 @@ def test_thought_dropout_sft_fits_the_targets(cache):
 
 def test_cli_saves_a_merged_model_the_grpo_recipe_loads(cache, tmp_path):
     out = tmp_path / "ton_sft"
-    overrides = ["pipeline.kwargs.model=tiny-random-qwen2-vl", f"pipeline.kwargs.cache_dir={cache}",
-                 "pipeline.kwargs.train_size=4", "pipeline.kwargs.eval_size=1", "pipeline.kwargs.lora_rank=4"]
-    losses = main([str(ROOT / "configs" / "vlm" / "shapes_vqa.yaml"), *overrides, "--out", str(out), "--steps", "3",
-                   "--lr", "1e-2", "--batch-size", "2"])
+    overrides = [
+        "pipeline.kwargs.model=tiny-random-qwen2-vl",
+        f"pipeline.kwargs.cache_dir={cache}",
+        "pipeline.kwargs.train_size=4",
+        "pipeline.kwargs.eval_size=1",
+        "pipeline.kwargs.lora_rank=4",
+    ]
+    losses = main(
+        [
+            str(ROOT / "configs" / "vlm" / "shapes_vqa.yaml"),
+            *overrides,
+            "--out",
+            str(out),
+            "--steps",
+            "3",
+            "--lr",
+            "1e-2",
+            "--batch-size",
+            "2",
+        ]
+    )
     assert len(losses) == 3
     sft = build_vlm(seed=0, device=CPU, model=str(out), train_size=4, eval_size=1)
     fresh = _task(cache)

@@ -65,8 +65,10 @@ def section_table(cls: type) -> str:
     docs = field_docs(cls)
     rows = ["| field | type | default | description |", "|---|---|---|---|"]
     for f in dataclasses.fields(cls):
-        rows.append(f"| `{f.name}` | `{_cell(type_name(hints[f.name]))}` | `{_cell(default_text(f))}` | "
-                    f"{_cell(docs.get(f.name, ''))} |")
+        rows.append(
+            f"| `{f.name}` | `{_cell(type_name(hints[f.name]))}` | `{_cell(default_text(f))}` | "
+            f"{_cell(docs.get(f.name, ''))} |"
+        )
     return "\n".join(rows)
 
 
@@ -79,8 +81,11 @@ def sections() -> list[tuple[str, type, str]]:
         note = top_docs.get(f.name, "")
         if typing.get_origin(tp) is list:
             (tp,) = typing.get_args(tp)
-            note = f"A list of `{tp.__name__}` items" + (f": {note}" if note else "") + \
-                f". Override an item as `{f.name}.0.<field>=value` or the whole list as `{f.name}=[...]`."
+            note = (
+                f"A list of `{tp.__name__}` items"
+                + (f": {note}" if note else "")
+                + f". Override an item as `{f.name}.0.<field>=value` or the whole list as `{f.name}=[...]`."
+            )
         out.append((f.name, tp, note))
     return out
 

@@ -30,8 +30,23 @@ from mmgrpo.advantages.group import grpo, mc_grpo, passk, rloo
 from mmgrpo.advantages.multi import gdpo, prefs_from_scores, winrate
 from mmgrpo.advantages.shaping import asymmetric
 
-__all__ = ["ADVANTAGES", "asymmetric", "compute", "describe", "gaussian", "gdpo", "grpo", "loss_mask", "mc_grpo", "names",
-           "ngrpo", "passk", "prefs_from_scores", "rloo", "winrate"]
+__all__ = [
+    "ADVANTAGES",
+    "asymmetric",
+    "compute",
+    "describe",
+    "gaussian",
+    "gdpo",
+    "grpo",
+    "loss_mask",
+    "mc_grpo",
+    "names",
+    "ngrpo",
+    "passk",
+    "prefs_from_scores",
+    "rloo",
+    "winrate",
+]
 
 
 # ----------------------------------------------------------------------------- public entry points

@@ -58,8 +58,10 @@ def ngrpo(rewards: Tensor, *, max_reward: float = 1.0, eps: float = 1e-6, ddof: 
     _check_norm("group", eps, ddof)
     top = _check_number("max_reward", max_reward, low=-float("inf"))
     if bool((r > top).any()):
-        raise ValueError(f"rewards reach {r.max().item()}, above max_reward={top}: set max_reward to the task's "
-                         f"best possible reward")
+        raise ValueError(
+            f"rewards reach {r.max().item()}, above max_reward={top}: set max_reward to the task's "
+            f"best possible reward"
+        )
     ext = torch.cat([r, r.new_full((r.shape[0], 1), top)], dim=1)  # [B, G + 1]
     flat = _flat(ext)  # [B, 1] every sample already at max_reward
     centred = r - ext.mean(-1, keepdim=True)  # [B, G]

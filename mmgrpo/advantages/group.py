@@ -137,9 +137,7 @@ def mc_grpo(
 
 
 @ADVANTAGES.register("passk", input="scalar")
-def passk(
-    rewards: Tensor, *, std: Literal["group", "none"] = "group", eps: float = 1e-6, ddof: int = 1
-) -> Tensor:
+def passk(rewards: Tensor, *, std: Literal["group", "none"] = "group", eps: float = 1e-6, ddof: int = 1) -> Tensor:
     """Pass@k advantage: only the best sample of a group moves, by its margin over the runner-up.
 
     Pass@k training as in verl `grpo_passk`, which cites arXiv:2503.19595.

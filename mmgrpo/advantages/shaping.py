@@ -1,6 +1,7 @@
 """Estimators that reshape another estimator's output: A-GRAE's asymmetric, scheduled scaling."""
 
 import inspect
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -42,6 +43,19 @@ def _check_scales(*, difficulty_focus: object, **scales: float | None) -> None:
         raise ValueError(f"difficulty_focus={difficulty_focus!r} must be True or False")
 
 
+def _base_estimator(base: str, base_kwargs: dict | None, progress: float) -> tuple[Callable, dict, float]:
+    """asymmetric's base estimator, its checked kwargs (`progress` passed on if it takes one) and the checked progress."""
+    if base == "asymmetric":
+        raise ValueError("base='asymmetric' would recurse; pick a plain estimator such as 'grpo' or 'rloo'")
+    fn = ADVANTAGES.get(base)
+    kw = dict(base_kwargs or {})
+    _check_kwargs(base, kw, field="base_kwargs")
+    progress = _check_number("progress", progress, high=1.0)
+    if "progress" in inspect.signature(fn).parameters:
+        kw.setdefault("progress", progress)
+    return fn, kw, progress
+
+
 @ADVANTAGES.register("asymmetric", input="scalar", mask=_asymmetric_mask)
 def asymmetric(
     rewards: Tensor,
@@ -81,16 +95,14 @@ def asymmetric(
     Returns:
         [B, G] float32 advantages.
     """
-    if base == "asymmetric":
-        raise ValueError("base='asymmetric' would recurse; pick a plain estimator such as 'grpo' or 'rloo'")
-    fn = ADVANTAGES.get(base)
-    kw = dict(base_kwargs or {})
-    _check_kwargs(base, kw, field="base_kwargs")
-    progress = _check_number("progress", progress, high=1.0)
-    if "progress" in inspect.signature(fn).parameters:
-        kw.setdefault("progress", progress)
-    _check_scales(pos_scale=pos_scale, neg_scale=neg_scale, pos_scale_end=pos_scale_end, neg_scale_end=neg_scale_end,
-                  difficulty_focus=difficulty_focus)
+    fn, kw, progress = _base_estimator(base, base_kwargs, progress)
+    _check_scales(
+        pos_scale=pos_scale,
+        neg_scale=neg_scale,
+        pos_scale_end=pos_scale_end,
+        neg_scale_end=neg_scale_end,
+        difficulty_focus=difficulty_focus,
+    )
     adv = fn(rewards, **kw)
     adv = adv.to(_work_dtype(adv.device))  # [B, G]
     pos, neg = _lerp(pos_scale, pos_scale_end, progress), _lerp(neg_scale, neg_scale_end, progress)

@@ -18,16 +18,23 @@ def _check(max_target: int = 6, max_len: int = 8, hidden: int = 32) -> None:
         if value < least:
             raise ValueError(f"pipeline.kwargs.{key} ({value}) must be >= {least}, e.g. pipeline.kwargs.{key}=8")
     if max_target >= max_len:
-        raise ValueError(f"pipeline.kwargs.max_target ({max_target}) must be < max_len ({max_len}): a completion "
-                         f"needs room for max_target letters and the end token")
+        raise ValueError(
+            f"pipeline.kwargs.max_target ({max_target}) must be < max_len ({max_len}): a completion "
+            f"needs room for max_target letters and the end token"
+        )
 
 
 def _register() -> None:
     def toy_count(max_len: int = 8) -> FunctionReward:
         """Toy counting reward: 1 - |#a - target| / max_len (text, range [1 - max_len/max_len, 1])."""
-        return FunctionReward(partial(count_reward, max_len=max_len), name="toy_count", input="text",
-                              preprocess="counts the letter 'a' in the completion", fields=("target",),
-                              required=("target",))
+        return FunctionReward(
+            partial(count_reward, max_len=max_len),
+            name="toy_count",
+            input="text",
+            preprocess="counts the letter 'a' in the completion",
+            fields=("target",),
+            required=("target",),
+        )
 
     PIPELINES.register("toy_count", build_toy_count, check=_check)
     REWARDS.register("toy_count", toy_count)

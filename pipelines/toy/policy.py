@@ -42,8 +42,10 @@ class CountLM(nn.Module):
 
 
 def _decode(tokens: Tensor, mask: Tensor) -> list[str]:
-    return ["".join(VOCAB[t] for t, m in zip(row.tolist(), mrow.tolist()) if m and t != EOS)
-            for row, mrow in zip(tokens, mask)]
+    return [
+        "".join(VOCAB[t] for t, m in zip(row.tolist(), mrow.tolist()) if m and t != EOS)
+        for row, mrow in zip(tokens, mask)
+    ]
 
 
 class ToyPolicy:
@@ -70,8 +72,13 @@ class ToyPolicy:
         logp = self._logp(self.model, target, tokens)
         extras = {"tokens": tokens, "target": target}
         length = mask.sum(1).float()
-        return Rollout(samples=_decode(tokens, mask), old_logp=logp.float(), mask=mask, extras=extras,
-                       metrics={"rollout/length_mean": float(length.mean())})
+        return Rollout(
+            samples=_decode(tokens, mask),
+            old_logp=logp.float(),
+            mask=mask,
+            extras=extras,
+            metrics={"rollout/length_mean": float(length.mean())},
+        )
 
     @staticmethod
     def _logp(model: nn.Module, target: Tensor, tokens: Tensor, entropy: bool = False):
@@ -104,17 +111,25 @@ class ToyPolicy:
         """The whole model as model.safetensors plus config.json, enough to rebuild CountLM without mmgrpo."""
         from safetensors.torch import save_file
 
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()},
-                  str(directory / "model.safetensors"))
+        save_file(
+            {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()},
+            str(directory / "model.safetensors"),
+        )
         m = self.model
-        spec = {"max_target": m.prompt_emb.num_embeddings - 1, "max_len": m.max_len, "hidden": m.head.in_features,
-                "vocab": list(VOCAB)}
+        spec = {
+            "max_target": m.prompt_emb.num_embeddings - 1,
+            "max_len": m.max_len,
+            "hidden": m.head.in_features,
+            "vocab": list(VOCAB),
+        }
         (directory / "config.json").write_text(json.dumps(spec, indent=1))
 
     def gallery(self, rollout: Rollout, prompts: list[dict[str, Any]], rewards: Tensor) -> list[dict[str, Any]]:
         g = len(rollout.samples) // len(prompts)
-        return [{"prompt": prompts[i // g]["prompt"], "text": s, "reward": float(r)}
-                for i, (s, r) in enumerate(zip(rollout.samples, rewards.tolist()))][: 4 * g]
+        return [
+            {"prompt": prompts[i // g]["prompt"], "text": s, "reward": float(r)}
+            for i, (s, r) in enumerate(zip(rollout.samples, rewards.tolist()))
+        ][: 4 * g]
 
 
 def count_reward(samples: list[str], prompts: list[str] | None = None, *, target: list[int], max_len: int = 8):
@@ -126,8 +141,15 @@ def _records(targets: list[int]) -> list[dict[str, Any]]:
     return [{"prompt": f"write {t} a's", "target": t} for t in targets]
 
 
-def build_toy_count(*, seed: int, device: torch.device, dtype: torch.dtype = torch.float32,
-                    max_target: int = 6, max_len: int = 8, hidden: int = 32) -> Task:
+def build_toy_count(
+    *,
+    seed: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.float32,
+    max_target: int = 6,
+    max_len: int = 8,
+    hidden: int = 32,
+) -> Task:
     """The counting task: prompts "write n a's" for n in 1..max_target, completions of at most max_len tokens."""
     if not 1 <= max_target < max_len:
         raise ValueError(f"pipeline.kwargs.max_target ({max_target}) must be in [1, max_len={max_len})")
@@ -135,5 +157,10 @@ def build_toy_count(*, seed: int, device: torch.device, dtype: torch.dtype = tor
     model = CountLM(max_target, max_len, hidden).to(device)
     targets = list(range(1, max_target + 1))
     reward = {"name": "toy_count", "weight": 1.0, "kwargs": {"max_len": max_len}}
-    return Task(policy=ToyPolicy(model, device), module=model, train_data=_records(targets),
-                eval_data=_records(targets), rewards=[reward])
+    return Task(
+        policy=ToyPolicy(model, device),
+        module=model,
+        train_data=_records(targets),
+        eval_data=_records(targets),
+        rewards=[reward],
+    )

@@ -60,8 +60,10 @@ def _row_layout(seg: list[int], device: torch.device) -> RowLayout:
         spans.append((i, j - i))
         i = j
     if prefix == 0 or any(s != -1 for s in seg[i:]):
-        raise ValueError("a shared row must be [prefix (id 0, >= 1 token) | completions (ids 1, 2, ...) | padding (-1)]"
-                         f"; got ids {sorted(set(seg))} with the first non-prefix block ending at {i} of {length}")
+        raise ValueError(
+            "a shared row must be [prefix (id 0, >= 1 token) | completions (ids 1, 2, ...) | padding (-1)]"
+            f"; got ids {sorted(set(seg))} with the first non-prefix block ending at {i} of {length}"
+        )
     width = max((m for _, m in spans), default=0)
     slot = torch.arange(width, device=device)  # [C]
     starts = torch.tensor([s for s, _ in spans], dtype=torch.long, device=device)  # [G]
@@ -72,7 +74,7 @@ def _row_layout(seg: list[int], device: torch.device) -> RowLayout:
     source = torch.full((length,), prefix + len(spans) * width, dtype=torch.long, device=device)  # [L] -> zero row
     source[:prefix] = torch.arange(prefix, device=device)
     for g, (s, m) in enumerate(spans):
-        source[s: s + m] = prefix + g * width + torch.arange(m, device=device)
+        source[s : s + m] = prefix + g * width + torch.arange(m, device=device)
     ragged = len({m for _, m in spans}) > 1
     return RowLayout(prefix, len(spans), width, index, torch.cat([seen, own], -1)[:, None], ragged, source)
 
@@ -82,12 +84,14 @@ def prefix_layout(seg: Tensor) -> PrefixLayout:
     return PrefixLayout(tuple(_row_layout(row, seg.device) for row in seg.tolist()), seg.shape[1])
 
 
-def _sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float | None,
-          dropout: float) -> Tensor:
+def _sdpa(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float | None, dropout: float
+) -> Tensor:
     """SDPA with key/value heads shared by groups of query heads (GQA) broadcast without copying when possible."""
     rep = q.shape[-3] // k.shape[-3]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scale,
-                                          enable_gqa=rep > 1)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal, scale=scale, enable_gqa=rep > 1
+    )
 
 
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -97,8 +101,14 @@ _FLASH_CPU_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attenti
 def split_kv_enabled(q: Tensor, dropout: float) -> bool:
     """Whether the completion call runs as `_SplitKV`: CPU tensors, no dropout, torch's CPU flash kernel present and
     SDPA's flash backend enabled (so `sdpa_kernel(SDPBackend.MATH)`, as FLOP counting uses, selects the plain call)."""
-    return (q.device.type == "cpu" and dropout == 0.0 and _FLASH_CPU is not None and _FLASH_CPU_BACKWARD is not None
-            and q.dtype in (torch.float32, torch.float64, torch.bfloat16) and torch.backends.cuda.flash_sdp_enabled())
+    return (
+        q.device.type == "cpu"
+        and dropout == 0.0
+        and _FLASH_CPU is not None
+        and _FLASH_CPU_BACKWARD is not None
+        and q.dtype in (torch.float32, torch.float64, torch.bfloat16)
+        and torch.backends.cuda.flash_sdp_enabled()
+    )
 
 
 def _flat(x: Tensor) -> Tensor:
@@ -114,11 +124,14 @@ class _SplitKV(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, kp: Tensor, vp: Tensor, ko: Tensor, vo: Tensor, own_mask: Tensor | None,
-                scale: float | None) -> Tensor:
+    def forward(
+        ctx, q: Tensor, kp: Tensor, vp: Tensor, ko: Tensor, vo: Tensor, own_mask: Tensor | None, scale: float | None
+    ) -> Tensor:
         g, h, c, d = q.shape  # q [G, H, C, D]; kp, vp [1, Hkv, P, D]; ko, vo [G, Hkv, C, D]
         o1, l1 = _FLASH_CPU(_flat(q), kp, vp, 0.0, False, scale=scale)  # [1, H, G C, D], [1, H, G C]
-        o2, l2 = _FLASH_CPU(q, ko, vo, 0.0, own_mask is None, attn_mask=own_mask, scale=scale)  # [G, H, C, D], [G, H, C]
+        o2, l2 = _FLASH_CPU(
+            q, ko, vo, 0.0, own_mask is None, attn_mask=own_mask, scale=scale
+        )  # [G, H, C, D], [G, H, C]
         o1, l1 = o1.reshape(h, g, c, d).transpose(0, 1), l1.reshape(h, g, c).transpose(0, 1)  # [G, H, C, D], [G, H, C]
         lse = torch.logaddexp(l1, l2)  # [G, H, C]
         out = (l1 - lse).exp()[..., None].to(q.dtype) * o1 + (l2 - lse).exp()[..., None].to(q.dtype) * o2
@@ -130,19 +143,26 @@ class _SplitKV(torch.autograd.Function):
     def backward(ctx, dout: Tensor):
         q, kp, vp, ko, vo, out, lse, own_mask = ctx.saved_tensors
         g, h, c, d = q.shape
-        dq1, dkp, dvp = _FLASH_CPU_BACKWARD(_flat(dout.contiguous()), _flat(q), kp, vp, _flat(out), _flat(lse), 0.0,
-                                            False, scale=ctx.scale)
-        dq2, dko, dvo = _FLASH_CPU_BACKWARD(dout.contiguous(), q, ko, vo, out, lse, 0.0, own_mask is None,
-                                            attn_mask=own_mask, scale=ctx.scale)
+        dq1, dkp, dvp = _FLASH_CPU_BACKWARD(
+            _flat(dout.contiguous()), _flat(q), kp, vp, _flat(out), _flat(lse), 0.0, False, scale=ctx.scale
+        )
+        dq2, dko, dvo = _FLASH_CPU_BACKWARD(
+            dout.contiguous(), q, ko, vo, out, lse, 0.0, own_mask is None, attn_mask=own_mask, scale=ctx.scale
+        )
         return dq1.reshape(h, g, c, d).transpose(0, 1) + dq2, dkp, dvp, dko, dvo, None, None
 
 
-def _completions(q: Tensor, kp: Tensor, vp: Tensor, ko: Tensor, vo: Tensor, lay: RowLayout, scale: float | None,
-                 dropout: float) -> Tensor:
+def _completions(
+    q: Tensor, kp: Tensor, vp: Tensor, ko: Tensor, vo: Tensor, lay: RowLayout, scale: float | None, dropout: float
+) -> Tensor:
     """Completion queries [G, H, C, D] over cat(prefix K/V [1, Hkv, P, D] for each, own K/V [G, Hkv, C, D])."""
     if split_kv_enabled(q, dropout):
-        own = lay.mask[..., lay.prefix:] if lay.ragged else None  # [G, 1, C, C]: the kernel takes an additive mask
-        own = None if own is None else torch.zeros(own.shape, dtype=q.dtype, device=q.device).masked_fill(~own, float("-inf"))
+        own = lay.mask[..., lay.prefix :] if lay.ragged else None  # [G, 1, C, C]: the kernel takes an additive mask
+        own = (
+            None
+            if own is None
+            else torch.zeros(own.shape, dtype=q.dtype, device=q.device).masked_fill(~own, float("-inf"))
+        )
         return _SplitKV.apply(q, kp, vp, ko, vo, own, scale)
     g = lay.groups
     kk = torch.cat([kp.expand(g, -1, -1, -1), ko], 2)  # [G, Hkv, P + C, D]
@@ -155,9 +175,18 @@ def _own(x: Tensor, lay: RowLayout) -> Tensor:
     return x.index_select(1, lay.index).unflatten(1, (lay.groups, lay.width)).transpose(0, 1)
 
 
-def grouped_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                      dropout: float = 0.0, scaling: float | None = None, prefix_layout: PrefixLayout | None = None,
-                      sliding_window: int | None = None, **kwargs) -> tuple[Tensor, None]:
+def grouped_attention(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    prefix_layout: PrefixLayout | None = None,
+    sliding_window: int | None = None,
+    **kwargs,
+) -> tuple[Tensor, None]:
     """transformers attention function: softmax(q k^T * scaling + mask) v per row, grouped as Prefix Grouper
     (arXiv:2506.05433) does it.
 
@@ -169,22 +198,27 @@ def grouped_attention(module: nn.Module, query: Tensor, key: Tensor, value: Tens
         ([R, L, H, D] attention output, None) as transformers' sdpa_attention_forward.
     """
     if prefix_layout is None:
-        raise ValueError(f"attention {GROUPED!r} needs prefix_layout= in the model call; run the model inside "
-                         "pipelines.vlm.attention.grouped_text with the layout, or use sdpa")
+        raise ValueError(
+            f"attention {GROUPED!r} needs prefix_layout= in the model call; run the model inside "
+            "pipelines.vlm.attention.grouped_text with the layout, or use sdpa"
+        )
     if sliding_window is not None:
         raise ValueError(f"grouped attention has no sliding window (got sliding_window={sliding_window}); use sdpa")
     rows, heads, length, dim = query.shape
     if rows != len(prefix_layout.rows) or length != prefix_layout.length:
-        raise ValueError(f"prefix_layout is for {len(prefix_layout.rows)} rows of {prefix_layout.length} tokens, "
-                         f"the attention got {rows} of {length}")
+        raise ValueError(
+            f"prefix_layout is for {len(prefix_layout.rows)} rows of {prefix_layout.length} tokens, "
+            f"the attention got {rows} of {length}"
+        )
     outs = []
     for r, lay in enumerate(prefix_layout.rows):
         q, k, v, p = query[r], key[r], value[r], lay.prefix  # [H, L, D], [Hkv, L, D], [Hkv, L, D]
         pre = _sdpa(q[None, :, :p], k[None, :, :p], v[None, :, :p], None, True, scaling, dropout)  # [1, H, P, D]
         pieces = [pre[0].transpose(0, 1)]  # [P, H, D]
         if lay.groups:
-            out = _completions(_own(q, lay), k[None, :, :p], v[None, :, :p], _own(k, lay), _own(v, lay), lay, scaling,
-                               dropout)  # [G, H, C, D]
+            out = _completions(
+                _own(q, lay), k[None, :, :p], v[None, :, :p], _own(k, lay), _own(v, lay), lay, scaling, dropout
+            )  # [G, H, C, D]
             pieces.append(out.permute(0, 2, 1, 3).reshape(lay.groups * lay.width, heads, dim))  # [G * C, H, D]
         pieces.append(query.new_zeros(1, heads, dim))  # what padding positions read
         outs.append(torch.cat(pieces).index_select(0, lay.source))  # [L, H, D]

@@ -27,21 +27,32 @@ QUESTION_KEYS = ("question", "problem", "prompt")
 ANSWER_KEYS = ("answers", "answer", "solution")
 
 
-def shapes_vqa_records(split: str, n: int, *, seed: int = 0, resolution: int = 32,
-                       question_types: list[str] | None = None) -> list[dict[str, Any]]:
+def shapes_vqa_records(
+    split: str, n: int, *, seed: int = 0, resolution: int = 32, question_types: list[str] | None = None
+) -> list[dict[str, Any]]:
     """`n` ShapesWorld VQA records of `split` ("train" | "val" | "test"), images as uint8 [H, W, 3] arrays."""
     from pipelines.shapes.vqa import QUESTION_TYPES, make_vqa
 
     types = tuple(question_types) if question_types else QUESTION_TYPES
     rows = make_vqa(split, n, seed=seed, resolution=resolution, types=types)
-    return [{"prompt": r["question"], "image": r["image"], "answers": r["answer"], "category": r["type"],
-             "id": r["id"]} for r in rows]
+    return [
+        {"prompt": r["question"], "image": r["image"], "answers": r["answer"], "category": r["type"], "id": r["id"]}
+        for r in rows
+    ]
 
 
 MAX_ASPECT_RATIO = 200
 """Qwen2-VL's processor (smart_resize) refuses max(h, w) / min(h, w) > 200: such images are refused at load time"""
-VISION_SPECIAL_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
-                         "<|im_start|>", "<|im_end|>", "<|endoftext|>")
+VISION_SPECIAL_TOKENS = (
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|endoftext|>",
+)
 """the Qwen2/2.5/3-VL chat and vision tokens: user text holding one makes the processor miscount image/video tokens
 (or opens a fake turn), so a record whose text contains one is refused at load time (not escaped: such text is almost
 always an already-templated prompt)"""
@@ -109,8 +120,10 @@ def _aspect_problem(width: int, height: int, what: str) -> str | None:
     if min(width, height) < 1:
         return f"{what} is empty ({width}x{height} pixels); replace it"
     if max(width, height) / min(width, height) > MAX_ASPECT_RATIO:
-        return (f"{what} is {width}x{height} pixels: aspect ratio {max(width, height) / min(width, height):.0f} exceeds "
-                f"the {MAX_ASPECT_RATIO} the Qwen-VL processor accepts; crop or pad it")
+        return (
+            f"{what} is {width}x{height} pixels: aspect ratio {max(width, height) / min(width, height):.0f} exceeds "
+            f"the {MAX_ASPECT_RATIO} the Qwen-VL processor accepts; crop or pad it"
+        )
     return None
 
 
@@ -148,8 +161,10 @@ def text_problem(text: str, what: str = "question", tokens: tuple[str, ...] = VI
     """Why user text cannot go into the chat template: it holds one of the model's special tokens."""
     found = [t for t in tokens if t in text]
     if found:
-        return (f"the {what} contains the special token {found[0]!r}, which the processor would read as a real "
-                f"image/video slot or turn marker; remove it")
+        return (
+            f"the {what} contains the special token {found[0]!r}, which the processor would read as a real "
+            f"image/video slot or turn marker; remove it"
+        )
     return None
 
 
@@ -185,16 +200,26 @@ def _parse_row(row: Any, where: str, root: Path) -> dict[str, Any]:
     listed = list(images) if isinstance(images, list | tuple) else [] if images is None else [images]
     resolved = [_image_value(x, where, root) for x in listed]
     skip = {*QUESTION_KEYS, *ANSWER_KEYS, "image", "images", "type"}
-    rec = {"prompt": str(question), "image": resolved if len(resolved) != 1 else resolved[0],
-           "answers": answer if isinstance(answer, str) else json.dumps(answer)}
+    rec = {
+        "prompt": str(question),
+        "image": resolved if len(resolved) != 1 else resolved[0],
+        "answers": answer if isinstance(answer, str) else json.dumps(answer),
+    }
     rec["category"] = str(row.get("category", row.get("type", "all")))
     rec.update({k: v for k, v in row.items() if k not in skip and k not in rec})
     rec[WHERE_KEY] = where  # file:line (id) for problems found once the processor is known (prompt length)
     return rec
 
 
-def _checked(rows: Iterator[tuple[str, str, Any]], root: Path, *, source: str, skip_bad_images: bool,
-             limit: int | None, fix: str) -> list[dict[str, Any]]:
+def _checked(
+    rows: Iterator[tuple[str, str, Any]],
+    root: Path,
+    *,
+    source: str,
+    skip_bad_images: bool,
+    limit: int | None,
+    fix: str,
+) -> list[dict[str, Any]]:
     """Records from (where, short label, row) triples; a bad image raises naming the row, or skips it when asked."""
     records, skipped = [], []
     for where, label, row in rows:
@@ -211,8 +236,9 @@ def _checked(rows: Iterator[tuple[str, str, Any]], root: Path, *, source: str, s
         if limit is not None and len(records) >= limit:
             break
     if skipped:
-        warnings.warn(f"{source}: skipped {len(skipped)} row(s) the model cannot take "
-                      f"(first: {skipped[0]})", stacklevel=3)
+        warnings.warn(
+            f"{source}: skipped {len(skipped)} row(s) the model cannot take (first: {skipped[0]})", stacklevel=3
+        )
     return records
 
 
@@ -220,8 +246,9 @@ def _with_id(where: str, row: Any) -> str:
     return f"{where} (id {row['id']!r})" if isinstance(row, dict) and "id" in row else where
 
 
-def jsonl_records(path: str | Path, *, skip_bad_images: bool = False, limit: int | None = None,
-                  field: str = "pipeline.kwargs.data") -> list[dict[str, Any]]:
+def jsonl_records(
+    path: str | Path, *, skip_bad_images: bool = False, limit: int | None = None, field: str = "pipeline.kwargs.data"
+) -> list[dict[str, Any]]:
     """Records of a JSONL file; a missing or unreadable image raises naming the row, or skips it when asked.
 
     Row keys: image (path or list, relative to the file's folder), question (or problem / prompt), answer (or answers /
@@ -229,8 +256,10 @@ def jsonl_records(path: str | Path, *, skip_bad_images: bool = False, limit: int
     """
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"{field} ({str(path)!r}) is neither a file, {SHAPES_VQA!r} nor {HF_PREFIX}NAME; pass a JSONL "
-                        f"file of {{image, question, answer}} rows, a Hugging Face dataset or data={SHAPES_VQA}")
+        raise UserError(
+            f"{field} ({str(path)!r}) is neither a file, {SHAPES_VQA!r} nor {HF_PREFIX}NAME; pass a JSONL "
+            f"file of {{image, question, answer}} rows, a Hugging Face dataset or data={SHAPES_VQA}"
+        )
 
     def rows() -> Iterator[tuple[str, str, Any]]:
         with open(p) as f:
@@ -240,16 +269,29 @@ def jsonl_records(path: str | Path, *, skip_bad_images: bool = False, limit: int
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError as err:
-                    raise UserError(f"{p}:{line_no}: not valid JSON ({err.msg} at column {err.colno}); fix that "
-                                    f"line") from None
+                    raise UserError(
+                        f"{p}:{line_no}: not valid JSON ({err.msg} at column {err.colno}); fix that line"
+                    ) from None
                 yield _with_id(f"{p}:{line_no}", row), f"line {line_no}", row
 
-    return _checked(rows(), p.parent, source=str(p), skip_bad_images=skip_bad_images, limit=limit,
-                    fix=f"fix the path (relative paths start at {str(p.parent)!r})")
+    return _checked(
+        rows(),
+        p.parent,
+        source=str(p),
+        skip_bad_images=skip_bad_images,
+        limit=limit,
+        fix=f"fix the path (relative paths start at {str(p.parent)!r})",
+    )
 
 
-def hf_records(spec: str, *, split: str, skip_bad_images: bool = False, limit: int | None = None,
-               field: str = "pipeline.kwargs.data") -> list[dict[str, Any]]:
+def hf_records(
+    spec: str,
+    *,
+    split: str,
+    skip_bad_images: bool = False,
+    limit: int | None = None,
+    field: str = "pipeline.kwargs.data",
+) -> list[dict[str, Any]]:
     """Records of a Hugging Face dataset: "hf:NAME[:SPLIT]" (datasets.load_dataset) or "hf:DIR[:SPLIT]" (load_from_disk).
 
     Columns as in JSONL rows; image columns may be decoded images, {"bytes", "path"} values or paths (relative to the
@@ -258,9 +300,11 @@ def hf_records(spec: str, *, split: str, skip_bad_images: bool = False, limit: i
     try:
         import datasets
     except ImportError:
-        raise UserError(f"{field} ({spec!r}) needs the datasets package (pip install datasets), or export the rows to "
-                        f"a JSONL file of {{image, question, answer}}") from None
-    name, _, hf_split = spec[len(HF_PREFIX):].partition(":")
+        raise UserError(
+            f"{field} ({spec!r}) needs the datasets package (pip install datasets), or export the rows to "
+            f"a JSONL file of {{image, question, answer}}"
+        ) from None
+    name, _, hf_split = spec[len(HF_PREFIX) :].partition(":")
     hf_split = hf_split or HF_SPLITS.get(split, split)
     try:
         if Path(name).is_dir():
@@ -269,16 +313,33 @@ def hf_records(spec: str, *, split: str, skip_bad_images: bool = False, limit: i
         else:
             ds = datasets.load_dataset(name, split=hf_split)
     except Exception as err:  # noqa: BLE001  hub, cache and split errors alike become one line naming the spec
-        raise UserError(f"{field} ({spec!r}) could not be loaded ({type(err).__name__}: {err}); check the name and "
-                        f"split (hf:NAME:SPLIT), or with HF_HUB_OFFLINE=1 download it once or pass a save_to_disk "
-                        f"directory") from None
+        raise UserError(
+            f"{field} ({spec!r}) could not be loaded ({type(err).__name__}: {err}); check the name and "
+            f"split (hf:NAME:SPLIT), or with HF_HUB_OFFLINE=1 download it once or pass a save_to_disk "
+            f"directory"
+        ) from None
     rows = ((_with_id(f"{spec} [{hf_split}] row {i}", row), f"row {i}", row) for i, row in enumerate(ds))
-    return _checked(rows, Path.cwd(), source=f"{spec} [{hf_split}]", skip_bad_images=skip_bad_images, limit=limit,
-                    fix="fix the dataset's image")
+    return _checked(
+        rows,
+        Path.cwd(),
+        source=f"{spec} [{hf_split}]",
+        skip_bad_images=skip_bad_images,
+        limit=limit,
+        fix="fix the dataset's image",
+    )
 
 
-def load_records(data: str, *, split: str, size: int | None, seed: int, resolution: int,
-                 question_types: list[str] | None, skip_bad_images: bool, field: str) -> list[dict[str, Any]]:
+def load_records(
+    data: str,
+    *,
+    split: str,
+    size: int | None,
+    seed: int,
+    resolution: int,
+    question_types: list[str] | None,
+    skip_bad_images: bool,
+    field: str,
+) -> list[dict[str, Any]]:
     """Records from `data`: "shapes_vqa" (split, size records), "hf:..." or a JSONL path (first `size` rows if set)."""
     if data == SHAPES_VQA:
         if size is None or size < 1:
@@ -298,28 +359,44 @@ def prompt_tokens(processor: Any, chat: str, images: list) -> tuple[int, int]:
     if count is not None:  # from the image sizes alone: no pixel work
         per_image = count(image_sizes=[(im.height, im.width) for im in images]).num_image_tokens
     else:
-        per_image = [int(t.prod()) // processor.image_processor.merge_size ** 2
-                     for t in processor(text=[chat], images=images, return_tensors="pt")["image_grid_thw"]]
+        per_image = [
+            int(t.prod()) // processor.image_processor.merge_size**2
+            for t in processor(text=[chat], images=images, return_tensors="pt")["image_grid_thw"]
+        ]
     return len(ids) - len(images) + sum(per_image), sum(per_image)  # each image slot holds one placeholder token
 
 
 def model_special_tokens(processor: Any) -> tuple[str, ...]:
     """The loaded processor's special tokens (its image/video placeholders included): none may appear in user text."""
     tok = getattr(processor, "tokenizer", processor)
-    names = [*getattr(tok, "all_special_tokens", ()), getattr(processor, "image_token", None),
-             getattr(processor, "video_token", None)]
+    names = [
+        *getattr(tok, "all_special_tokens", ()),
+        getattr(processor, "image_token", None),
+        getattr(processor, "video_token", None),
+    ]
     return tuple(sorted({t for t in names if isinstance(t, str) and t}, key=len, reverse=True))
 
 
-def check_prompt_lengths(records: list[dict[str, Any]], count: Callable[[dict[str, Any]], tuple[int, int]], *,
-                         positions: int | None, max_prompt_length: int | None, max_new_tokens: int, skip: bool,
-                         field: str, skip_key: str = "skip_bad_images", media: str = "image",
-                         special_tokens: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+def check_prompt_lengths(
+    records: list[dict[str, Any]],
+    count: Callable[[dict[str, Any]], tuple[int, int]],
+    *,
+    positions: int | None,
+    max_prompt_length: int | None,
+    max_new_tokens: int,
+    skip: bool,
+    field: str,
+    skip_key: str = "skip_bad_images",
+    media: str = "image",
+    special_tokens: tuple[str, ...] = (),
+) -> list[dict[str, Any]]:
     """The records the loaded model can take: no `special_tokens` in the question (the processor's own, beyond the
     Qwen ones checked at load), and `count(record)` -> (prompt tokens, of which image/video tokens) <=
     max_prompt_length with prompt + max_new_tokens <= the model's positions. A bad record raises UserError naming its
     row, or is skipped (and counted in a warning) when `skip`. Nothing is truncated: image tokens never can be."""
-    limits = [(max_prompt_length, f"pipeline.kwargs.max_prompt_length={max_prompt_length}")] if max_prompt_length else []
+    limits = (
+        [(max_prompt_length, f"pipeline.kwargs.max_prompt_length={max_prompt_length}")] if max_prompt_length else []
+    )
     if positions:
         why = f"the model's {positions} positions minus max_new_tokens {max_new_tokens}"
         limits.append((positions - max_new_tokens, why))
@@ -330,9 +407,11 @@ def check_prompt_lengths(records: list[dict[str, Any]], count: Callable[[dict[st
         if problem is None and limits:
             n, n_media = count(rec)
             over = next(((lim, why) for lim, why in limits if n > lim), None)
-            problem = over and (f"the prompt is {n} tokens ({n_media} of them {media} tokens), over the {over[0]} "
-                                f"allowed by {over[1]}; shorten the question, use fewer/smaller {media}s "
-                                f"(max_pixels) or change pipeline.kwargs.max_prompt_length / max_new_tokens")
+            problem = over and (
+                f"the prompt is {n} tokens ({n_media} of them {media} tokens), over the {over[0]} "
+                f"allowed by {over[1]}; shorten the question, use fewer/smaller {media}s "
+                f"(max_pixels) or change pipeline.kwargs.max_prompt_length / max_new_tokens"
+            )
         if problem is None:
             kept.append(rec)
         elif not skip:
@@ -342,8 +421,9 @@ def check_prompt_lengths(records: list[dict[str, Any]], count: Callable[[dict[st
     if records and not kept:
         raise UserError(f"{field}: the model can take none of the records (first: {skipped[0]})")
     if skipped:
-        warnings.warn(f"{field}: skipped {len(skipped)} record(s) the model cannot take (first: {skipped[0]})",
-                      stacklevel=2)
+        warnings.warn(
+            f"{field}: skipped {len(skipped)} record(s) the model cannot take (first: {skipped[0]})", stacklevel=2
+        )
     return kept
 
 

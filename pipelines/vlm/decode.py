@@ -36,7 +36,7 @@ def prompt_batch(lm: Any, encs: list[dict[str, Any]], pad_id: int) -> tuple[dict
     nxt = torch.zeros(len(encs), dtype=torch.long, device=dev)  # [B]
     for b, enc in enumerate(encs):
         p = mrope_positions(lm, enc)  # [3, Lp]
-        pos[:, b, width - p.shape[1]:] = p
+        pos[:, b, width - p.shape[1] :] = p
         nxt[b] = int(p.max()) + 1
     return {**batch, "position_ids": pos}, nxt
 
@@ -60,8 +60,9 @@ def prefill_once_generate(policy: SamplingPolicy, encs: list[dict[str, Any]], gr
     synced = bool(policy.synced_gpus())
     batch, nxt = prompt_batch(base.model, encs, pad)
     g = group_size
-    out = policy.module(step={**batch, "past_key_values": DynamicCache(config=base.config), "use_cache": True,
-                              "logits_to_keep": 1})
+    out = policy.module(
+        step={**batch, "past_key_values": DynamicCache(config=base.config), "use_cache": True, "logits_to_keep": 1}
+    )
     # a preallocated cache written in place: growing one by concatenation copies every row's prefix at every step
     width = batch["input_ids"].shape[1]
     cache = StaticCache(config=base.config, max_cache_len=width + s.max_new_tokens)
@@ -94,8 +95,15 @@ def prefill_once_generate(policy: SamplingPolicy, encs: list[dict[str, Any]], gr
             policy.module(step={"input_ids": tokens[:, -1:], "position_ids": pos, "use_cache": False})
             continue
         att[:, width + steps] = 1
-        out = policy.module(step={"input_ids": tokens[:, -1:], "attention_mask": att, "position_ids": pos,
-                                  "past_key_values": cache, "use_cache": True})
+        out = policy.module(
+            step={
+                "input_ids": tokens[:, -1:],
+                "attention_mask": att,
+                "position_ids": pos,
+                "past_key_values": cache,
+                "use_cache": True,
+            }
+        )
         steps += 1
         logits = out.logits[:, -1].float()  # [N, V]
     return tokens, (torch.stack(raw, dim=1) if raw else None), stops

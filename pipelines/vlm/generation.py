@@ -34,8 +34,10 @@ def chat_prompt(processor: Any, settings: SampleSettings, record: dict[str, Any]
     try:
         images = [load_image(x) for x in record_images(record)]
     except (OSError, ValueError) as err:
-        raise ValueError(f"record {record.get('id', record.get('prompt'))!r}: cannot load its image ({err}); "
-                         f"fix the data or enable pipeline.kwargs.skip_bad_images") from err
+        raise ValueError(
+            f"record {record.get('id', record.get('prompt'))!r}: cannot load its image ({err}); "
+            f"fix the data or enable pipeline.kwargs.skip_bad_images"
+        ) from err
     text = record["prompt"] if not settings.instruction else f"{record['prompt']}\n{settings.instruction}"
     content = [{"type": "image"} for _ in images] + [{"type": "text", "text": text}]
     messages = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt else []
@@ -84,8 +86,14 @@ def stop_lengths(completions: list[list[int]], eos_ids: list[int], stop: tuple[s
     all of them when neither occurs (truncated); at least 1. The same rule _StopTracker applies while `generate` runs."""
     eos, window, out = set(eos_ids), stop_window(stop), []
     for ids in completions:
-        end = next((t for t in range(1, len(ids) + 1)
-                    if _stops_here(ids[max(t - window, 0):t], eos, stop, tokenizer, window)), len(ids))
+        end = next(
+            (
+                t
+                for t in range(1, len(ids) + 1)
+                if _stops_here(ids[max(t - window, 0) : t], eos, stop, tokenizer, window)
+            ),
+            len(ids),
+        )
         out.append(max(end, 1))
     return out
 
@@ -100,11 +108,11 @@ class _StopTracker(StoppingCriteria):
         self.done_at: Tensor | None = None
 
     def __call__(self, input_ids: Tensor, scores: Any = None, **kwargs: Any) -> Tensor:
-        gen = input_ids[:, self.prompt_len:].cpu()  # [G, t]
+        gen = input_ids[:, self.prompt_len :].cpu()  # [G, t]
         if self.done_at is None:
             self.done_at = torch.full((gen.shape[0],), -1, dtype=torch.long)
         for r in range(gen.shape[0]):
-            tail = gen[r, -self.window:].tolist()
+            tail = gen[r, -self.window :].tolist()
             if self.done_at[r] < 0 and _stops_here(tail, self.eos, self.stop, self.tokenizer, self.window):
                 self.done_at[r] = gen.shape[1]
         return (self.done_at >= 0).to(input_ids.device)
@@ -141,8 +149,16 @@ class GroupSampler(LogitsProcessor):
     logits), on any rank count. Alone, a prompt draws the stream the global RNG seeded with its seed would.
     """
 
-    def __init__(self, seeds: list[int], group_size: int, *, temperature: float, top_k: int | None, top_p: float,
-                 device: torch.device):
+    def __init__(
+        self,
+        seeds: list[int],
+        group_size: int,
+        *,
+        temperature: float,
+        top_k: int | None,
+        top_p: float,
+        device: torch.device,
+    ):
         self.group, self.warpers = group_size, sampling_warpers(temperature, top_k, top_p)
         self.gens = [torch.Generator(device=device).manual_seed(int(s)) for s in seeds]
 
@@ -152,8 +168,12 @@ class GroupSampler(LogitsProcessor):
         for warp in self.warpers:
             scores = warp(input_ids, scores)
         probs = scores.float().softmax(-1)  # [N, V]
-        picks = torch.cat([torch.multinomial(probs[b * self.group: (b + 1) * self.group], 1, generator=gen)
-                           for b, gen in enumerate(self.gens)])  # [N, 1]
+        picks = torch.cat(
+            [
+                torch.multinomial(probs[b * self.group : (b + 1) * self.group], 1, generator=gen)
+                for b, gen in enumerate(self.gens)
+            ]
+        )  # [N, 1]
         return torch.full_like(scores, float("-inf")).scatter_(1, picks, 0.0)  # [N, V]
 
 
@@ -168,8 +188,9 @@ def left_pad_prompts(encs: list[dict[str, Any]], pad_id: int) -> dict[str, Tenso
     for k in keys:
         if k in TOKEN_KEYS:
             fill = pad_id if k == "input_ids" else 0
-            out[k] = torch.cat([nn.functional.pad(e[k], (width - e[k].shape[1], 0), value=fill)
-                                for e in encs])  # [B, L]
+            out[k] = torch.cat(
+                [nn.functional.pad(e[k], (width - e[k].shape[1], 0), value=fill) for e in encs]
+            )  # [B, L]
         else:
             out[k] = torch.cat([e[k] for e in encs], dim=0)
     return out

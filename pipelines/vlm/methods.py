@@ -82,8 +82,9 @@ class CareLikelihood:
         self.calls += 1
 
     @torch.no_grad()
-    def likelihood(self, policy: Any, encs: list, completions: Tensor, lengths: Tensor, group_size: int,
-                   step: int | None = None) -> Tensor:
+    def likelihood(
+        self, policy: Any, encs: list, completions: Tensor, lengths: Tensor, group_size: int, step: int | None = None
+    ) -> Tensor:
         """[N] answer likelihoods of the rollout's completions under the EMA weights (swapped in, then restored)."""
         params = {n: p for n, p in policy.module.named_parameters() if p.requires_grad}
         self.update(params, step)
@@ -102,8 +103,9 @@ class CareLikelihood:
         return mean_likelihood(logp.float(), mask).cpu()
 
 
-def thought_dropout(records: list[dict[str, Any]], *, p: float = 0.5, seed: int = 0, think: str = "think",
-                    answer: str = "answer") -> list[dict[str, Any]]:
+def thought_dropout(
+    records: list[dict[str, Any]], *, p: float = 0.5, seed: int = 0, think: str = "think", answer: str = "answer"
+) -> list[dict[str, Any]]:
     """TON's thought dropout (arXiv:2505.16854): SFT targets whose reasoning is replaced by an empty think w.p. p.
 
     target = "<think>\\n{reasoning}\\n</think><answer>{answer}</answer>", or "<think>\\n\\n</think><answer>...</answer>"

@@ -31,8 +31,18 @@ class VLMModule(nn.Module):
     The whole log-prob computation runs inside this forward, so accelerate's DDP wrapper sees one forward call.
     """
 
-    def __init__(self, hf: nn.Module, *, pad_id: int, temperature: float, shared: bool, chunk_tokens: int,
-                 prefix_attention: str = "auto", vision_cache: str = "auto", vision_cache_items: int = 64):
+    def __init__(
+        self,
+        hf: nn.Module,
+        *,
+        pad_id: int,
+        temperature: float,
+        shared: bool,
+        chunk_tokens: int,
+        prefix_attention: str = "auto",
+        vision_cache: str = "auto",
+        vision_cache_items: int = 64,
+    ):
         super().__init__()
         self.hf, self.prefix_attention = hf, prefix_attention
         # the frozen vision tower's features, once per image/video (pipelines/vlm/vision_cache.py)
@@ -44,9 +54,16 @@ class VLMModule(nn.Module):
         suppress[self.suppress_ids] = True
         self.register_buffer("suppress", suppress, persistent=False)
 
-    def forward(self, prompts: list[dict[str, Any]] | None = None, completions: Tensor | None = None,
-                lengths: Tensor | None = None, shared: bool | None = None, *,
-                generate: dict[str, Any] | None = None, step: dict[str, Any] | None = None) -> Any:
+    def forward(
+        self,
+        prompts: list[dict[str, Any]] | None = None,
+        completions: Tensor | None = None,
+        lengths: Tensor | None = None,
+        shared: bool | None = None,
+        *,
+        generate: dict[str, Any] | None = None,
+        step: dict[str, Any] | None = None,
+    ) -> Any:
         # sampling enters here too (generate, or one step of the rollout's own loop), so wrapper hooks run (FSDP2's
         # weight gathering)
         if step is not None and not any(k.startswith("pixel_values") for k in step):
@@ -58,14 +75,23 @@ class VLMModule(nn.Module):
                 return self.hf(**step)
             return self._logp(prompts, completions, lengths, shared)
 
-    def _logp(self, prompts: list[dict[str, Any]], completions: Tensor, lengths: Tensor,
-              shared: bool | None) -> tuple[Tensor, Tensor]:
+    def _logp(
+        self, prompts: list[dict[str, Any]], completions: Tensor, lengths: Tensor, shared: bool | None
+    ) -> tuple[Tensor, Tensor]:
         base = unwrap(self.hf)
-        return completion_logp(base.model, base.get_output_embeddings(), prompts, completions, lengths,
-                               shared=self.shared if shared is None else shared, pad_id=self.pad_id,
-                               temperature=self.temperature, chunk_tokens=self.chunk_tokens,
-                               suppress=self.suppress if self.suppress_ids else None,
-                               prefix_attention=self.prefix_attention)
+        return completion_logp(
+            base.model,
+            base.get_output_embeddings(),
+            prompts,
+            completions,
+            lengths,
+            shared=self.shared if shared is None else shared,
+            pad_id=self.pad_id,
+            temperature=self.temperature,
+            chunk_tokens=self.chunk_tokens,
+            suppress=self.suppress if self.suppress_ids else None,
+            prefix_attention=self.prefix_attention,
+        )
 
 
 class VLMPolicy:
@@ -75,17 +101,27 @@ class VLMPolicy:
     ablate_records = staticmethod(visual_ablation.ablate_records)
     preview = staticmethod(visual_ablation.preview)
 
-    def __init__(self, module: VLMModule, processor: Any, *, device: torch.device, settings: SampleSettings,
-                 reference: str = "auto", care: CareLikelihood | None = None, check_logp: bool = False,
-                 backend: Any = None):
+    def __init__(
+        self,
+        module: VLMModule,
+        processor: Any,
+        *,
+        device: torch.device,
+        settings: SampleSettings,
+        reference: str = "auto",
+        care: CareLikelihood | None = None,
+        check_logp: bool = False,
+        backend: Any = None,
+    ):
         self.module, self.processor, self.device, self.s = module, processor, device, settings
         self.backend = backend if backend is not None else HFBackend()
         self._synced_gpus: bool | None = None
         self.tokenizer = processor.tokenizer if hasattr(processor, "tokenizer") else processor
         self.is_peft = hasattr(module.hf, "disable_adapter")
         if reference not in ("auto", "copy", "none"):
-            raise ValueError(f"reference={reference!r} must be auto (LoRA: adapter off, full FT: frozen copy), "
-                             f"copy or none")
+            raise ValueError(
+                f"reference={reference!r} must be auto (LoRA: adapter off, full FT: frozen copy), copy or none"
+            )
         self.reference = ("adapter" if self.is_peft else "copy") if reference == "auto" else reference
         self.ref_module = None
         if self.reference == "copy":
@@ -95,8 +131,9 @@ class VLMPolicy:
         self.defer_old_logp = False  # the engine sets it (see mmgrpo.types.Policy)
         gen_cfg = unwrap(module.hf).generation_config
         eos = gen_cfg.eos_token_id if gen_cfg.eos_token_id is not None else self.tokenizer.eos_token_id
-        self.eos_ids = sorted({int(e) for e in (eos if isinstance(eos, list) else [eos])} |
-                              {int(self.tokenizer.eos_token_id)})
+        self.eos_ids = sorted(
+            {int(e) for e in (eos if isinstance(eos, list) else [eos])} | {int(self.tokenizer.eos_token_id)}
+        )
 
     def set_iteration(self, step: int) -> None:
         """Called by the trainer before each step's rollout: the step reaches rewards (Trust-GRPO's annealing)."""
@@ -129,8 +166,9 @@ class VLMPolicy:
         comps, lens, gen_lps = zip(*self.backend.generate(self, prompts, prompt_encs, group_size, list(seeds)))
         encs = [enc for enc in prompt_encs for _ in range(group_size)]
         k = max(c.shape[1] for c in comps)
-        completions = torch.cat([nn.functional.pad(c, (0, k - c.shape[1]), value=self.tokenizer.pad_token_id)
-                                 for c in comps])  # [N, K]
+        completions = torch.cat(
+            [nn.functional.pad(c, (0, k - c.shape[1]), value=self.tokenizer.pad_token_id) for c in comps]
+        )  # [N, K]
         lengths = torch.cat(lens)  # [N]
         mask = torch.arange(k, device=completions.device)[None] < lengths[:, None]  # [N, K]
         completions = torch.where(mask, completions, self.tokenizer.pad_token_id)
@@ -139,16 +177,24 @@ class VLMPolicy:
             old_logp = torch.zeros(mask.shape, device=completions.device)  # [N, K]
         else:
             old_logp = self._score(self.module, encs, completions, lengths, group_size)  # [N, K]
-        texts = [self.tokenizer.decode(c[:n].tolist(), skip_special_tokens=True)
-                 for c, n in zip(completions, lengths.tolist())]
-        extras = {"completion_ids": completions, "lengths": lengths, "prompt_enc": encs,
-                  "reward_fields": {"lengths": lengths.tolist()}}
+        texts = [
+            self.tokenizer.decode(c[:n].tolist(), skip_special_tokens=True)
+            for c, n in zip(completions, lengths.tolist())
+        ]
+        extras = {
+            "completion_ids": completions,
+            "lengths": lengths,
+            "prompt_enc": encs,
+            "reward_fields": {"lengths": lengths.tolist()},
+        }
         if deferred:
             extras["old_logp_deferred"] = True
         if self.iteration is not None:
             extras["reward_fields"]["step"] = [self.iteration] * len(texts)
-        metrics = {"rollout/length_mean": float(lengths.float().mean()),
-                   "rollout/truncated_frac": float((lengths == self.s.max_new_tokens).float().mean())}
+        metrics = {
+            "rollout/length_mean": float(lengths.float().mean()),
+            "rollout/truncated_frac": float((lengths == self.s.max_new_tokens).float().mean()),
+        }
         if self.check_logp:
             gen = torch.cat([nn.functional.pad(g, (0, k - g.shape[1])) for g in gen_lps])  # [N, K]
             extras["gen_logp"] = torch.where(mask, gen, 0.0)
@@ -160,20 +206,32 @@ class VLMPolicy:
         return Rollout(samples=texts, old_logp=old_logp.float(), mask=mask, extras=extras, metrics=metrics)
 
     @torch.no_grad()
-    def _score(self, module: nn.Module, encs: list, completions: Tensor, lengths: Tensor, group_size: int,
-               groups_per_call: int = 4) -> Tensor:
+    def _score(
+        self,
+        module: nn.Module,
+        encs: list,
+        completions: Tensor,
+        lengths: Tensor,
+        group_size: int,
+        groups_per_call: int = 4,
+    ) -> Tensor:
         """No-grad log-probs [N, K], a few groups per forward."""
         step = group_size * groups_per_call
-        out = [module(encs[i: i + step], completions[i: i + step], lengths[i: i + step])[0]
-               for i in range(0, len(encs), step)]
+        out = [
+            module(encs[i : i + step], completions[i : i + step], lengths[i : i + step])[0]
+            for i in range(0, len(encs), step)
+        ]
         return torch.cat(out)
 
     # ----- update
     def _batch(self, rollout: Rollout, idx: Tensor) -> tuple[list, Tensor, Tensor]:
         ex = rollout.extras
         ids = idx.tolist()
-        return ([ex["prompt_enc"][i] for i in ids], ex["completion_ids"][idx.to(ex["completion_ids"].device)],
-                ex["lengths"][idx.to(ex["lengths"].device)])
+        return (
+            [ex["prompt_enc"][i] for i in ids],
+            ex["completion_ids"][idx.to(ex["completion_ids"].device)],
+            ex["lengths"][idx.to(ex["lengths"].device)],
+        )
 
     def logp(self, model: nn.Module, rollout: Rollout, idx: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         self.module.train()
@@ -183,8 +241,10 @@ class VLMPolicy:
     @torch.no_grad()
     def ref_logp(self, rollout: Rollout, idx: Tensor) -> Tensor | None:
         if self.reference == "none":
-            raise ValueError("algo.kl_coef > 0 needs a reference policy but pipeline.kwargs.reference=none; set "
-                             "reference=auto (LoRA: adapter disabled; full fine-tuning: frozen copy) or kl_coef=0")
+            raise ValueError(
+                "algo.kl_coef > 0 needs a reference policy but pipeline.kwargs.reference=none; set "
+                "reference=auto (LoRA: adapter disabled; full fine-tuning: frozen copy) or kl_coef=0"
+            )
         batch = self._batch(rollout, idx)
         if self.reference == "adapter":
             with self.module.hf.disable_adapter():
@@ -207,8 +267,10 @@ class VLMPolicy:
         expected = set(self.state_dict())
         if set(state) != expected:
             missing, extra = sorted(expected - set(state)), sorted(set(state) - expected)
-            raise ValueError(f"VLM weights do not match this model (LoRA rank / trainable modules differ): "
-                             f"missing {missing[:3]}, unexpected {extra[:3]}; load a checkpoint of the same recipe")
+            raise ValueError(
+                f"VLM weights do not match this model (LoRA rank / trainable modules differ): "
+                f"missing {missing[:3]}, unexpected {extra[:3]}; load a checkpoint of the same recipe"
+            )
         if self.is_peft:
             from peft import set_peft_model_state_dict
 

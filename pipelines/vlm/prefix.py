@@ -48,7 +48,10 @@ def supports_grouped(lm: nn.Module) -> tuple[bool, str]:
         return False, why
     attn = getattr(text_config(lm), "_attn_implementation", None)
     if attn != "sdpa":
-        return False, f"text attention {attn!r} is not sdpa (grouped attention runs SDPA kernels; eager keeps the mask)"
+        return (
+            False,
+            f"text attention {attn!r} is not sdpa (grouped attention runs SDPA kernels; eager keeps the mask)",
+        )
     if any(getattr(m, "gradient_checkpointing", False) for m in lm.modules()):
         return False, "gradient checkpointing recomputes layers in backward, outside the grouped-attention switch"
     return True, ""
@@ -61,7 +64,7 @@ def check_prefix_attention(requested: str) -> None:
 
 
 def attention_mode(lm: nn.Module, requested: str) -> str:
-    """"grouped" or "mask" for `prefix_attention=requested` on this model (auto: grouped where supported)."""
+    """ "grouped" or "mask" for `prefix_attention=requested` on this model (auto: grouped where supported)."""
     check_prefix_attention(requested)
     if requested == "mask":
         return "mask"
@@ -111,8 +114,16 @@ def _block_mask(seg: Tensor, dtype: torch.dtype) -> Tensor:
     return torch.where(allowed, zero, torch.finfo(dtype).min)[:, None]  # [R, 1, L, L]
 
 
-def shared_inputs(lm: nn.Module, prompts: list[dict[str, Any]], completions: Tensor, lengths: Tensor, *,
-                  pad_id: int, dtype: torch.dtype, grouped: bool = False) -> tuple[dict[str, Any], Tensor, Tensor]:
+def shared_inputs(
+    lm: nn.Module,
+    prompts: list[dict[str, Any]],
+    completions: Tensor,
+    lengths: Tensor,
+    *,
+    pad_id: int,
+    dtype: torch.dtype,
+    grouped: bool = False,
+) -> tuple[dict[str, Any], Tensor, Tensor]:
     """Model inputs for one row per group, plus the (row, position) of the hidden state predicting each token.
 
     grouped=False: the dense block mask as attention_mask (bool for dtype torch.bool, else additive); True: a
@@ -146,19 +157,25 @@ def shared_inputs(lm: nn.Module, prompts: list[dict[str, Any]], completions: Ten
         start = lp
         for j, i in enumerate(members):
             m = int(lengths[i]) - 1  # the last token is only a target
-            ids[r, start: start + m], seg[r, start: start + m] = completions[i, :m], j + 1
-            pos[:, r, start: start + m] = nxt + torch.arange(m, device=dev)
+            ids[r, start : start + m], seg[r, start : start + m] = completions[i, :m], j + 1
+            pos[:, r, start : start + m] = nxt + torch.arange(m, device=dev)
             rows[i] = r
             where[i] = torch.where(t == 0, lp - 1, (start + t - 1).clamp(max=start + max(m, 1) - 1))
             start += m
     attn = {"prefix_layout": prefix_layout(seg)} if grouped else {"attention_mask": _block_mask(seg, dtype)}
-    kwargs = {"input_ids": ids, **attn, "position_ids": pos, "mm_token_type_ids": mm,
-              **_per_image([prompts[g[0]] for g in groups])}
+    kwargs = {
+        "input_ids": ids,
+        **attn,
+        "position_ids": pos,
+        "mm_token_type_ids": mm,
+        **_per_image([prompts[g[0]] for g in groups]),
+    }
     return kwargs, rows, where
 
 
-def plain_inputs(prompts: list[dict[str, Any]], completions: Tensor, lengths: Tensor, *,
-                 pad_id: int) -> tuple[dict[str, Any], Tensor, Tensor]:
+def plain_inputs(
+    prompts: list[dict[str, Any]], completions: Tensor, lengths: Tensor, *, pad_id: int
+) -> tuple[dict[str, Any], Tensor, Tensor]:
     """The reference layout: one right-padded row [prompt | completion] per sample, images repeated per sample.
 
     Positions and masks are left to the model (its own get_rope_index on the 2D padding mask).
@@ -175,7 +192,7 @@ def plain_inputs(prompts: list[dict[str, Any]], completions: Tensor, lengths: Te
     where = torch.zeros((n, k), dtype=torch.long, device=dev)  # [n, K]
     for i, (enc, lp) in enumerate(zip(prompts, lps)):
         m = int(lengths[i]) - 1
-        ids[i, :lp], ids[i, lp: lp + m] = enc["input_ids"][0], completions[i, :m]
+        ids[i, :lp], ids[i, lp : lp + m] = enc["input_ids"][0], completions[i, :m]
         att[i, : lp + m] = 1
         mm[i, :lp] = enc["mm_token_type_ids"][0] if "mm_token_type_ids" in enc else 0
         where[i] = (lp - 1 + t).clamp(max=lp + m - 1)
@@ -191,8 +208,9 @@ def vision_token_ids(config: Any) -> list[int]:
     return sorted({int(v) for v in (getattr(config, n, None) for n in names) if isinstance(v, int)})
 
 
-def _chunk_logp(h: Tensor, targets: Tensor, head: nn.Module, temperature: float,
-                suppress: Tensor | None) -> tuple[Tensor, Tensor]:
+def _chunk_logp(
+    h: Tensor, targets: Tensor, head: nn.Module, temperature: float, suppress: Tensor | None
+) -> tuple[Tensor, Tensor]:
     logits = head(h).float() / temperature  # [T, V]
     if suppress is not None:
         logits = logits.masked_fill(suppress, float("-inf"))
@@ -202,8 +220,15 @@ def _chunk_logp(h: Tensor, targets: Tensor, head: nn.Module, temperature: float,
     return logp, entropy
 
 
-def token_logp(hidden: Tensor, head: nn.Module, targets: Tensor, *, temperature: float = 1.0,
-               chunk_tokens: int = 1024, suppress: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def token_logp(
+    hidden: Tensor,
+    head: nn.Module,
+    targets: Tensor,
+    *,
+    temperature: float = 1.0,
+    chunk_tokens: int = 1024,
+    suppress: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """log softmax(head(h) / T)[target] and the entropy, `chunk_tokens` rows of logits at a time.
 
     With grad, each chunk is checkpointed: the [T, V] logits are rebuilt in backward one chunk at a time, so peak
@@ -219,7 +244,7 @@ def token_logp(hidden: Tensor, head: nn.Module, targets: Tensor, *, temperature:
         raise ValueError(f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)} need the same length")
     outs, ents = [], []
     for s in range(0, hidden.shape[0], chunk_tokens):
-        h, tg = hidden[s: s + chunk_tokens], targets[s: s + chunk_tokens]
+        h, tg = hidden[s : s + chunk_tokens], targets[s : s + chunk_tokens]
         if torch.is_grad_enabled() and h.requires_grad:
             lp, ent = checkpoint(_chunk_logp, h, tg, head, temperature, suppress, use_reentrant=False)
         else:
@@ -230,10 +255,20 @@ def token_logp(hidden: Tensor, head: nn.Module, targets: Tensor, *, temperature:
     return torch.cat(outs) if outs else empty, torch.cat(ents) if ents else empty
 
 
-def completion_logp(lm: nn.Module, head: nn.Module, prompts: list[dict[str, Any]], completions: Tensor,
-                    lengths: Tensor, *, shared: bool, pad_id: int, temperature: float = 1.0,
-                    chunk_tokens: int = 1024, suppress: Tensor | None = None,
-                    prefix_attention: str = "auto") -> tuple[Tensor, Tensor]:
+def completion_logp(
+    lm: nn.Module,
+    head: nn.Module,
+    prompts: list[dict[str, Any]],
+    completions: Tensor,
+    lengths: Tensor,
+    *,
+    shared: bool,
+    pad_id: int,
+    temperature: float = 1.0,
+    chunk_tokens: int = 1024,
+    suppress: Tensor | None = None,
+    prefix_attention: str = "auto",
+) -> tuple[Tensor, Tensor]:
     """Per-token log-probs and entropies [n, K] of `completions` after their prompts (0 beyond each length).
 
     lm is the base VLM (`XForConditionalGeneration.model`, returning last_hidden_state), head its lm_head.
@@ -248,16 +283,18 @@ def completion_logp(lm: nn.Module, head: nn.Module, prompts: list[dict[str, Any]
     if shared:
         sdpa = getattr(lm.config, "_attn_implementation", None) == "sdpa"
         dtype = torch.bool if sdpa else next(lm.parameters()).dtype
-        kwargs, rows, where = shared_inputs(lm, prompts, completions, lengths, pad_id=pad_id, dtype=dtype,
-                                            grouped=grouped)
+        kwargs, rows, where = shared_inputs(
+            lm, prompts, completions, lengths, pad_id=pad_id, dtype=dtype, grouped=grouped
+        )
     else:
         kwargs, rows, where = plain_inputs(prompts, completions, lengths, pad_id=pad_id)
     with grouped_text(lm) if grouped else contextlib.nullcontext():
         hidden = lm(**kwargs, use_cache=False).last_hidden_state  # [R, L, H]
     mask = torch.arange(k, device=completions.device)[None] < lengths[:, None]  # [n, K]
     h = hidden[rows[:, None].expand(n, k)[mask], where[mask]]  # [T, H] only real tokens reach the lm_head
-    lp, ent = token_logp(h, head, completions[mask], temperature=temperature, chunk_tokens=chunk_tokens,
-                         suppress=suppress)
+    lp, ent = token_logp(
+        h, head, completions[mask], temperature=temperature, chunk_tokens=chunk_tokens, suppress=suppress
+    )
     logp = torch.zeros((n, k), dtype=torch.float32, device=completions.device).masked_scatter(mask, lp)  # [n, K]
     entropy = torch.zeros((n, k), dtype=torch.float32, device=completions.device).masked_scatter(mask, ent)
     return logp, entropy

@@ -46,22 +46,43 @@ class HFBackend:
     def __init__(self, prompts_per_call: int = 0, prefill_once: bool | None = None):
         self.prompts_per_call, self.prefill_once = prompts_per_call, prefill_once
 
-    def generate(self, policy: SamplingPolicy, records: list[dict[str, Any]], encs: list[dict[str, Any]],
-                 group_size: int, seeds: list[int]) -> list[Group]:
+    def generate(
+        self,
+        policy: SamplingPolicy,
+        records: list[dict[str, Any]],
+        encs: list[dict[str, Any]],
+        group_size: int,
+        seeds: list[int],
+    ) -> list[Group]:
         step = self.prompts_per_call or max(len(encs), 1)
-        return [g for i in range(0, len(encs), step)
-                for g in hf_generate(policy, encs[i: i + step], group_size, [int(s) for s in seeds[i: i + step]],
-                                     prefill_once=self.prefill_once)]
+        return [
+            g
+            for i in range(0, len(encs), step)
+            for g in hf_generate(
+                policy,
+                encs[i : i + step],
+                group_size,
+                [int(s) for s in seeds[i : i + step]],
+                prefill_once=self.prefill_once,
+            )
+        ]
 
 
-def hf_generate_group(policy: SamplingPolicy, enc: dict[str, Any], group_size: int, seed: int, *,
-                      prefill_once: bool | None = None) -> Group:
+def hf_generate_group(
+    policy: SamplingPolicy, enc: dict[str, Any], group_size: int, seed: int, *, prefill_once: bool | None = None
+) -> Group:
     """G completions of one prompt (the video policy samples through this)."""
     return hf_generate(policy, [enc], group_size, [seed], prefill_once=prefill_once)[0]
 
 
-def hf_generate(policy: SamplingPolicy, encs: list[dict[str, Any]], group_size: int, seeds: list[int], *,
-                prefill_once: bool | None = None) -> list[Group]:
+def hf_generate(
+    policy: SamplingPolicy,
+    encs: list[dict[str, Any]],
+    group_size: int,
+    seeds: list[int],
+    *,
+    prefill_once: bool | None = None,
+) -> list[Group]:
     """G completions of each prompt, sampled together (one `generate` call, or decode.py's loop), with generation-time
     log-probs when policy.check_logp; each group trimmed to its own longest completion."""
     if prefill_once is None:
@@ -90,16 +111,28 @@ def _generate_call(policy: SamplingPolicy, encs: list[dict[str, Any]], group_siz
     batch = left_pad_prompts(encs, policy.tokenizer.pad_token_id)
     lp = batch["input_ids"].shape[1]
     stops = _StopTracker(lp, policy.eos_ids, policy.s.stop, policy.tokenizer)
-    sampler = GroupSampler(seeds, group_size, temperature=policy.s.temperature, top_k=policy.s.top_k,
-                           top_p=policy.s.top_p, device=policy.device)
+    sampler = GroupSampler(
+        seeds,
+        group_size,
+        temperature=policy.s.temperature,
+        top_k=policy.s.top_k,
+        top_p=policy.s.top_p,
+        device=policy.device,
+    )
     # through Task.module's forward, so an FSDP2 root gathers its own weights (embeddings, patch embedding, lm_head)
     # as in training; sharded layers gather in their own hooks, in lockstep thanks to synced_gpus. None rather than
     # False: transformers then applies its own check (DeepSpeed ZeRO-3 shards weights too)
     with torch.random.fork_rng(devices=[policy.device] if policy.device.type == "cuda" else []):
         # generate's multinomial over GroupSampler's one-hot rows is certain but draws from the global RNG
-        out = policy.module(generate={**batch, "generation_config": generation_config(policy, group_size),
-                                      "logits_processor": LogitsProcessorList([sampler]),
-                                      "stopping_criteria": [stops], "synced_gpus": policy.synced_gpus() or None})
+        out = policy.module(
+            generate={
+                **batch,
+                "generation_config": generation_config(policy, group_size),
+                "logits_processor": LogitsProcessorList([sampler]),
+                "stopping_criteria": [stops],
+                "synced_gpus": policy.synced_gpus() or None,
+            }
+        )
     raw = torch.stack(out.logits, dim=1) if policy.check_logp else None  # [N, T, V]
     return out.sequences[:, lp:], raw, stops
 
@@ -109,11 +142,20 @@ def generation_config(policy: SamplingPolicy, group_size: int) -> GenerationConf
     leaves one finite score per row, so generate's own softmax + multinomial returns that token. Every other knob
     explicit and neutral: a model's own defaults (top_k=50, repetition_penalty=1.05) would change the distribution
     logp() scores."""
-    return GenerationConfig(do_sample=True, temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0,
-                            max_new_tokens=policy.s.max_new_tokens, suppress_tokens=policy.module.suppress_ids or None,
-                            num_return_sequences=group_size, pad_token_id=policy.tokenizer.pad_token_id,
-                            eos_token_id=policy.eos_ids, return_dict_in_generate=True,
-                            output_logits=policy.check_logp)
+    return GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        repetition_penalty=1.0,
+        max_new_tokens=policy.s.max_new_tokens,
+        suppress_tokens=policy.module.suppress_ids or None,
+        num_return_sequences=group_size,
+        pad_token_id=policy.tokenizer.pad_token_id,
+        eos_token_id=policy.eos_ids,
+        return_dict_in_generate=True,
+        output_logits=policy.check_logp,
+    )
 
 
 def make_backend(name: str, prompts_per_call: int = 0, prefill_once: bool | None = None, **vllm_kwargs: Any):

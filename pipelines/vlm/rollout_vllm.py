@@ -31,17 +31,21 @@ def import_vllm():
     try:
         import vllm
     except ImportError as err:
-        raise UserError(f"pipeline.kwargs.rollout_backend=vllm needs the vllm package ({err}); install it with "
-                        f"`{INSTALL}` (CUDA only) or set pipeline.kwargs.rollout_backend=hf") from None
+        raise UserError(
+            f"pipeline.kwargs.rollout_backend=vllm needs the vllm package ({err}); install it with "
+            f"`{INSTALL}` (CUDA only) or set pipeline.kwargs.rollout_backend=hf"
+        ) from None
     return vllm
 
 
 def check_cuda(device: torch.device) -> None:
     """vLLM samples on NVIDIA GPUs only: refuse any other device in one line."""
     if device.type != "cuda" or not torch.cuda.is_available():
-        raise UserError(f"pipeline.kwargs.rollout_backend=vllm needs a CUDA device, but the policy runs on "
-                        f"{device.type} (CUDA available: {torch.cuda.is_available()}); set "
-                        f"pipeline.kwargs.rollout_backend=hf, which samples with transformers' generate on any device")
+        raise UserError(
+            f"pipeline.kwargs.rollout_backend=vllm needs a CUDA device, but the policy runs on "
+            f"{device.type} (CUDA available: {torch.cuda.is_available()}); set "
+            f"pipeline.kwargs.rollout_backend=hf, which samples with transformers' generate on any device"
+        )
 
 
 # ----- weights
@@ -56,8 +60,10 @@ def _merged_lora(name: str, layer: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """weight (and bias) of one peft LoRA linear with its active adapters merged: W + scaling_a * B_a @ A_a."""
     base = layer.get_base_layer()
     if not isinstance(base, nn.Linear):
-        raise UserError(f"rollout_backend=vllm merges LoRA into linear layers only, but {name!r} is a "
-                        f"{type(base).__name__}; restrict pipeline.kwargs.lora_targets to linear projections")
+        raise UserError(
+            f"rollout_backend=vllm merges LoRA into linear layers only, but {name!r} is a "
+            f"{type(base).__name__}; restrict pipeline.kwargs.lora_targets to linear projections"
+        )
     weight = _full(base.weight.detach())  # [out, in]
     if not layer.merged and not layer.disable_adapters:
         merged = weight.float()
@@ -127,19 +133,36 @@ class VLLMBackend:
 
     name = "vllm"
 
-    def __init__(self, *, model_path: str, device: torch.device, dtype: str | None = None, seed: int = 0,
-                 gpu_memory_utilization: float = 0.3, max_model_len: int | None = None,
-                 enable_sleep_mode: bool = False, max_images: int = 1, min_pixels: int | None = None,
-                 max_pixels: int | None = None, engine_kwargs: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        device: torch.device,
+        dtype: str | None = None,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.3,
+        max_model_len: int | None = None,
+        enable_sleep_mode: bool = False,
+        max_images: int = 1,
+        min_pixels: int | None = None,
+        max_pixels: int | None = None,
+        engine_kwargs: dict[str, Any] | None = None,
+    ):
         check_cuda(device)
         self.vllm = import_vllm()
         self.device, self.sleep = device, enable_sleep_mode
         pixels = {k: v for k, v in (("min_pixels", min_pixels), ("max_pixels", max_pixels)) if v is not None}
         # the engine must see the same model, resolution and image count as the processor that scores the samples
         self.engine_args: dict[str, Any] = {
-            "model": model_path, "dtype": dtype or "auto", "seed": seed, "tensor_parallel_size": 1,
-            "distributed_executor_backend": "external_launcher", "gpu_memory_utilization": gpu_memory_utilization,
-            "enable_sleep_mode": enable_sleep_mode, "limit_mm_per_prompt": {"image": max(max_images, 1)}}
+            "model": model_path,
+            "dtype": dtype or "auto",
+            "seed": seed,
+            "tensor_parallel_size": 1,
+            "distributed_executor_backend": "external_launcher",
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "enable_sleep_mode": enable_sleep_mode,
+            "limit_mm_per_prompt": {"image": max(max_images, 1)},
+        }
         if max_model_len is not None:
             self.engine_args["max_model_len"] = max_model_len
         if pixels:
@@ -170,13 +193,27 @@ class VLLMBackend:
         s = policy.s
         bias = {int(i): SUPPRESS_BIAS for i in policy.module.suppress_ids}
         return self.vllm.SamplingParams(
-            n=group_size, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k if s.top_k > 0 else -1,
-            max_tokens=s.max_new_tokens, repetition_penalty=1.0, stop=list(s.stop) or None,
-            include_stop_str_in_output=True, stop_token_ids=list(policy.eos_ids), seed=seed,
-            logit_bias=bias or None)
+            n=group_size,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k if s.top_k > 0 else -1,
+            max_tokens=s.max_new_tokens,
+            repetition_penalty=1.0,
+            stop=list(s.stop) or None,
+            include_stop_str_in_output=True,
+            stop_token_ids=list(policy.eos_ids),
+            seed=seed,
+            logit_bias=bias or None,
+        )
 
-    def generate(self, policy: SamplingPolicy, records: list[dict[str, Any]], encs: list[dict[str, Any]],
-                 group_size: int, seeds: list[int]) -> list[Group]:
+    def generate(
+        self,
+        policy: SamplingPolicy,
+        records: list[dict[str, Any]],
+        encs: list[dict[str, Any]],
+        group_size: int,
+        seeds: list[int],
+    ) -> list[Group]:
         llm = self.engine()
         if self.sleep:
             llm.wake_up()
@@ -193,9 +230,12 @@ class VLLMBackend:
         for record, out in zip(records, outputs):
             ids = [list(c.token_ids)[: policy.s.max_new_tokens] for c in sorted(out.outputs, key=lambda c: c.index)]
             if len(ids) != group_size:
-                raise RuntimeError(f"vLLM returned {len(ids)} completions for {record.get('id')!r}, asked {group_size}")
+                raise RuntimeError(
+                    f"vLLM returned {len(ids)} completions for {record.get('id')!r}, asked {group_size}"
+                )
             lengths = stop_lengths(ids, policy.eos_ids, policy.s.stop, policy.tokenizer)
-            comp = pad_group([x[:n] for x, n in zip(ids, lengths)], policy.tokenizer.pad_token_id,
-                             policy.device)  # [G, T]
+            comp = pad_group(
+                [x[:n] for x, n in zip(ids, lengths)], policy.tokenizer.pad_token_id, policy.device
+            )  # [G, T]
             groups.append((comp, torch.tensor(lengths, device=policy.device), None))
         return groups

@@ -39,15 +39,31 @@ def sft_loss(policy: Any, records: list[dict[str, Any]]) -> Tensor:
     encs, completions, lengths = sft_batch(policy, records)
     module = policy.module
     base = module.hf.get_base_model() if hasattr(module.hf, "get_base_model") else module.hf
-    logp, _ = completion_logp(base.model, base.get_output_embeddings(), encs, completions, lengths,
-                              shared=module.shared, pad_id=module.pad_id, temperature=1.0,
-                              chunk_tokens=module.chunk_tokens,
-                              suppress=module.suppress if module.suppress_ids else None)  # [n, K], 0 past lengths
+    logp, _ = completion_logp(
+        base.model,
+        base.get_output_embeddings(),
+        encs,
+        completions,
+        lengths,
+        shared=module.shared,
+        pad_id=module.pad_id,
+        temperature=1.0,
+        chunk_tokens=module.chunk_tokens,
+        suppress=module.suppress if module.suppress_ids else None,
+    )  # [n, K], 0 past lengths
     return -logp.sum() / lengths.sum()
 
 
-def thought_dropout_sft(policy: Any, records: list[dict[str, Any]], *, steps: int, p: float = 0.5, lr: float = 1e-4,
-                        batch_size: int = 8, seed: int = 0) -> list[float]:
+def thought_dropout_sft(
+    policy: Any,
+    records: list[dict[str, Any]],
+    *,
+    steps: int,
+    p: float = 0.5,
+    lr: float = 1e-4,
+    batch_size: int = 8,
+    seed: int = 0,
+) -> list[float]:
     """`steps` AdamW steps on thought-dropout targets of `records` (a fresh dropout draw per epoch); the losses."""
     if steps < 1 or batch_size < 1 or lr <= 0:
         raise UserError(f"TON SFT needs steps >= 1, batch_size >= 1 and lr > 0, got {steps}, {batch_size}, {lr}")
@@ -99,8 +115,15 @@ def main(argv: list[str] | None = None) -> list[float]:
     if cfg.pipeline.name != "vlm":
         raise UserError(f"pipeline.name ({cfg.pipeline.name!r}) must be vlm for the TON SFT stage")
     task = build_vlm(seed=cfg.run.seed, device=torch.device(args.device), **cfg.pipeline.kwargs)
-    losses = thought_dropout_sft(task.policy, task.train_data, steps=args.steps, p=args.p, lr=args.lr,
-                                 batch_size=args.batch_size, seed=cfg.run.seed)
+    losses = thought_dropout_sft(
+        task.policy,
+        task.train_data,
+        steps=args.steps,
+        p=args.p,
+        lr=args.lr,
+        batch_size=args.batch_size,
+        seed=cfg.run.seed,
+    )
     save_model(task.policy, args.out)
     print(f"TON SFT: {args.steps} steps, loss {losses[0]:.4f} -> {losses[-1]:.4f}; model in {args.out}")
     return losses

@@ -7,14 +7,24 @@ import json
 import os
 from pathlib import Path
 
-TINY_MODELS = {"tiny-random-qwen2-vl": "qwen2_vl", "tiny-random-qwen2.5-vl": "qwen2_5_vl",
-               "tiny-random-qwen3-vl": "qwen3_vl"}
+TINY_MODELS = {
+    "tiny-random-qwen2-vl": "qwen2_vl",
+    "tiny-random-qwen2.5-vl": "qwen2_5_vl",
+    "tiny-random-qwen3-vl": "qwen3_vl",
+}
 """model names the `vlm` builder creates on the fly (in a cache dir) instead of loading from the Hub"""
 
 TINY_VERSION = 1
 """bumped whenever the tiny configs change, so a stale cached copy is never reused"""
-SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
-            "<|video_pad|>")
+SPECIALS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
 TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 """added (non-special) tokens: one id per reasoning tag, so a random tiny model can learn the format in few steps"""
 
@@ -55,8 +65,13 @@ def qwen_tokenizer(out_dir: str | os.PathLike):
     vocab = {s: i for i, s in enumerate(_byte_symbols())}
     (out / "vocab.json").write_text(json.dumps(vocab))
     (out / "merges.txt").write_text("#version: 0.2\n")
-    tok = Qwen2Tokenizer(vocab=str(out / "vocab.json"), merges=str(out / "merges.txt"), unk_token=None,
-                         eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok = Qwen2Tokenizer(
+        vocab=str(out / "vocab.json"),
+        merges=str(out / "merges.txt"),
+        unk_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
     tok.add_special_tokens({"additional_special_tokens": [AddedToken(s, special=True) for s in SPECIALS]})
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TAGS])
     tok.chat_template = CHAT_TEMPLATE
@@ -68,25 +83,55 @@ def _config(kind: str, tok):
     from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig
 
     ids = {name: tok.convert_tokens_to_ids(name) for name in SPECIALS}
-    text = {"vocab_size": len(tok), "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 2048,
-            "tie_word_embeddings": False,
-            # M-RoPE sections (temporal, height, width) must sum to head_dim / 2 = 64 / 4 / 2 = 8
-            "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4},
-            "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"], "pad_token_id": ids["<|endoftext|>"]}
-    tokens = {"image_token_id": ids["<|image_pad|>"], "video_token_id": ids["<|video_pad|>"],
-              "vision_start_token_id": ids["<|vision_start|>"], "vision_end_token_id": ids["<|vision_end|>"]}
+    text = {
+        "vocab_size": len(tok),
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+        # M-RoPE sections (temporal, height, width) must sum to head_dim / 2 = 64 / 4 / 2 = 8
+        "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1e4},
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+    }
+    tokens = {
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "vision_end_token_id": ids["<|vision_end|>"],
+    }
     common = {"patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3}
     if kind == "qwen2_vl":
         vision = {"depth": 2, "embed_dim": 32, "hidden_size": 64, "num_heads": 2, "mlp_ratio": 2, **common}
         return Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
     if kind == "qwen3_vl":  # 16-pixel patches, interleaved M-RoPE, DeepStack features injected after vision block 0
         text = {**text, "head_dim": 16, "rope_parameters": {**text["rope_parameters"], "mrope_interleaved": True}}
-        vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "out_hidden_size": 64, "num_heads": 2,
-                  "num_position_embeddings": 64, "deepstack_visual_indexes": [0], **common, "patch_size": 16}
+        vision = {
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "out_hidden_size": 64,
+            "num_heads": 2,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0],
+            **common,
+            "patch_size": 16,
+        }
         return Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
-    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 64, "out_hidden_size": 64, "num_heads": 2,
-              "window_size": 56, "fullatt_block_indexes": [1], **common}
+    vision = {
+        "depth": 2,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "out_hidden_size": 64,
+        "num_heads": 2,
+        "window_size": 56,
+        "fullatt_block_indexes": [1],
+        **common,
+    }
     return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False, **tokens)
 
 
@@ -98,15 +143,23 @@ def _processor(kind: str, tok, *, min_pixels: int, max_pixels: int):
 
         image = Qwen2VLImageProcessor(patch_size=16, min_pixels=min_pixels, max_pixels=max_pixels)
         video = Qwen3VLVideoProcessor(patch_size=16, size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
-        return Qwen3VLProcessor(image_processor=image, tokenizer=tok, video_processor=video, chat_template=CHAT_TEMPLATE)
+        return Qwen3VLProcessor(
+            image_processor=image, tokenizer=tok, video_processor=video, chat_template=CHAT_TEMPLATE
+        )
     image = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
     video = Qwen2VLVideoProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
     cls = Qwen2VLProcessor if kind == "qwen2_vl" else Qwen2_5_VLProcessor
     return cls(image_processor=image, tokenizer=tok, video_processor=video, chat_template=CHAT_TEMPLATE)
 
 
-def save_tiny_vlm(out_dir: str | os.PathLike, kind: str = "qwen2_vl", *, seed: int = 0,
-                  min_pixels: int | None = None, max_pixels: int | None = None) -> str:
+def save_tiny_vlm(
+    out_dir: str | os.PathLike,
+    kind: str = "qwen2_vl",
+    *,
+    seed: int = 0,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
+) -> str:
     """Build a random tiny `kind` ("qwen2_vl" | "qwen2_5_vl" | "qwen3_vl") model + processor; save_pretrained both.
 
     Images are resized to between min_pixels and max_pixels (default 2x2 to 4x4 merged patches of 28 pixels, or 32

@@ -45,11 +45,15 @@ tower ignores it and use_cache); anything else (output_attentions, hidden states
 def check_vision_cache(mode: str, items: int) -> None:
     """One-line errors for pipeline.kwargs.vision_cache / vision_cache_items."""
     if mode not in VISION_CACHE:
-        raise UserError(f"pipeline.kwargs.vision_cache ({mode!r}) must be one of {', '.join(VISION_CACHE)} (auto: "
-                        f"encode each image/video once while the vision tower is frozen)")
+        raise UserError(
+            f"pipeline.kwargs.vision_cache ({mode!r}) must be one of {', '.join(VISION_CACHE)} (auto: "
+            f"encode each image/video once while the vision tower is frozen)"
+        )
     if not isinstance(items, int) or isinstance(items, bool) or items < 1:
-        raise UserError(f"pipeline.kwargs.vision_cache_items ({items!r}) must be an integer >= 1: images/videos kept "
-                        f"(set it >= the prompts one rank samples per iteration)")
+        raise UserError(
+            f"pipeline.kwargs.vision_cache_items ({items!r}) must be an integer >= 1: images/videos kept "
+            f"(set it >= the prompts one rank samples per iteration)"
+        )
 
 
 def _digest(pixels: Tensor) -> bytes:
@@ -146,6 +150,7 @@ class VisionCache:
                 return self._lookup(kind, original, pixels, grid)
             finally:
                 self._depth -= 1
+
         return features
 
     def _key(self, kind: str, pixels: Tensor, thw: list[int]) -> tuple:
@@ -169,9 +174,11 @@ class VisionCache:
             deep = getattr(out, "deepstack_features", None)
             for j, k in enumerate(todo):
                 # clones: an entry must not keep the whole call's output alive
-                self.store[k] = {"cls": type(out), "pooler_output": out.pooler_output[j].detach().clone(),
-                                 "deepstack_features": None if deep is None else
-                                 [lvl[j].detach().clone() for lvl in deep]}
+                self.store[k] = {
+                    "cls": type(out),
+                    "pooler_output": out.pooler_output[j].detach().clone(),
+                    "deepstack_features": None if deep is None else [lvl[j].detach().clone() for lvl in deep],
+                }
         self.items_reused += len(keys) - len(todo)
         for k in keys:
             self.store.move_to_end(k)
@@ -181,8 +188,9 @@ class VisionCache:
         fields = {"pooler_output": tuple(e["pooler_output"] for e in entries)}
         if entries[0]["deepstack_features"] is not None:
             levels = len(entries[0]["deepstack_features"])
-            fields["deepstack_features"] = [tuple(e["deepstack_features"][lv] for e in entries)
-                                            for lv in range(levels)]
+            fields["deepstack_features"] = [
+                tuple(e["deepstack_features"][lv] for e in entries) for lv in range(levels)
+            ]
         return entries[0]["cls"](**fields)
 
 
