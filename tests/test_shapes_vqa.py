@@ -1,6 +1,7 @@
 """Tests for the ShapesWorld VQA set: answers on hand-built scenes, determinism, splits, JSONL writer, normaliser."""
 
 import json
+from collections import Counter, defaultdict
 
 import numpy as np
 import pytest
@@ -9,9 +10,11 @@ from pipelines.shapes.scenes import SHAPES, Scene, SceneObject, list_prompts
 from pipelines.shapes.verifier import detect
 from pipelines.shapes.vqa import (
     QUESTION_TYPES,
+    TEMPLATE_ANSWERS,
     check_answer,
     extract_answer,
     make_vqa,
+    question_template,
     read_vqa_jsonl,
     scene_questions,
     write_vqa_jsonl,
@@ -85,8 +88,53 @@ def test_make_vqa_is_deterministic_and_split_aligned():
     assert all(np.array_equal(x["image"], y["image"]) for x, y in zip(a, b))
     assert [r["question"] for r in a] != [r["question"] for r in c]
     val_prompts = set(list_prompts("val"))
-    assert all(r["prompt"] in val_prompts and r["split"] == "val" for r in a)
+    # scenes of T2I prompts come from the split's prompts only; the others are random scenes (prompt None)
+    assert all((r["prompt"] is None or r["prompt"] in val_prompts) and r["split"] == "val" for r in a)
+    assert any(r["prompt"] is not None for r in a) and any(r["prompt"] is None for r in a)
     assert {r["type"] for r in make_vqa("train", 60)} == set(QUESTION_TYPES)
+
+
+@pytest.mark.parametrize("split", ["train", "val", "test"])
+def test_answers_are_balanced_per_template(split):
+    # decks: in any prefix, per type, per template and per answer the counts differ by at most one
+    recs = make_vqa(split, 400, seed=7)
+    types = Counter(r["type"] for r in recs)
+    assert set(types) == set(QUESTION_TYPES) and max(types.values()) - min(types.values()) <= 1
+    by = defaultdict(Counter)
+    for r in recs:
+        template = question_template(r["question"])
+        assert r["answer"] in TEMPLATE_ANSWERS[r["type"]][template], (r["question"], r["answer"])
+        by[template][r["answer"]] += 1
+    for template, counts in by.items():
+        kind = next(k for k, v in TEMPLATE_ANSWERS.items() if template in v)
+        full = [counts[a] for a in TEMPLATE_ANSWERS[kind][template]]
+        assert max(full) - min(full) <= 1, (template, counts)
+
+
+def test_blind_predictors_sit_at_chance():
+    # the majority answer per template (or per type) fitted on train scores chance on test: 1 / answers per template
+    train = make_vqa("train", 600, seed=0)
+    test = make_vqa("test", 300, seed=0)
+    for key in (lambda r: question_template(r["question"]), lambda r: r["type"]):
+        fit = defaultdict(Counter)
+        for r in train:
+            fit[key(r)][r["answer"]] += 1
+        for kind in QUESTION_TYPES:
+            rows = [r for r in test if r["type"] == kind]
+            acc = np.mean([fit[key(r)].most_common(1)[0][0] == r["answer"] for r in rows])
+            chance = np.mean([1 / len(TEMPLATE_ANSWERS[kind][question_template(r["question"])]) for r in rows])
+            assert acc <= chance + 0.02, (kind, acc, chance)
+
+
+def test_question_templates_mask_colours_and_shapes():
+    assert question_template("What color is the triangle?") == "What color is the _?"
+    assert question_template("How many red objects are there?") == "How many _ objects are there?"
+    assert question_template("Is the blue square above the red circle?") == "Is the _ _ above the _ _?"
+    # every question a scene supports has a known template and a listed answer
+    qa, qas = _qa(Scene((SceneObject("circle", "red", 0.2, 0.2, 0.12), SceneObject("square", "blue", 0.75, 0.5, 0.15))))
+    for kind, pairs in qas.items():
+        for q, a in pairs:
+            assert a in TEMPLATE_ANSWERS[kind][question_template(q)], (q, a)
 
 
 def test_count_answers_agree_with_the_detector():

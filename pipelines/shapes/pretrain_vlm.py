@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from pipelines.shapes.dense import TowerTap, dense_head, optimizer
+
 THINK = {
     "count": "Count them.",
     "color": "Find it.",
@@ -100,12 +102,14 @@ def target_text(task: str, record: dict[str, Any]) -> str:
     return GROUNDING_TEMPLATE.format(start=float(start), end=float(end))
 
 
-def records(task: str, split: str, n: int, *, seed: int) -> list[dict[str, Any]]:
-    """`n` records of `split` exactly as the pipelines build them (VQA at 32 px; grounding clips cached as mp4)."""
-    if task == "vqa":
-        from pipelines.vlm.data import shapes_vqa_records
+def records(task: str, split: str, n: int, *, seed: int, resolution: int = 32) -> list[dict[str, Any]]:
+    """`n` records of `split` exactly as the pipelines build them (VQA rendered at `resolution` px; grounding clips
+    cached as mp4)."""
+    if task == "vqa":  # the fields of pipelines.vlm.data.shapes_vqa_records, plus the objects for dense targets
+        from pipelines.shapes.vqa import make_vqa
 
-        return shapes_vqa_records(split, n, seed=seed, resolution=32)
+        return [{"prompt": r["question"], "image": r["image"], "answers": r["answer"], "category": r["type"],
+                 "id": r["id"], "objects": r["objects"]} for r in make_vqa(split, n, seed=seed, resolution=resolution)]
     from pipelines.video.data import shapes_video_records
 
     return shapes_video_records(split, n, seed=seed, types=("grounding",), num_frames=VIDEO_FRAMES["shapes_frames"],
@@ -189,9 +193,28 @@ def score(task: str, texts: list[str], recs: list[dict[str, Any]]) -> dict[str, 
     return table
 
 
+def swap_images(recs: list[dict[str, Any]], images: str) -> list[dict[str, Any]]:
+    """The image records with their pixels replaced: "real" (unchanged), "blank" (the background colour everywhere)
+    or "shuffled" (record i gets record i+1's image): the conditions of an is-it-looking check."""
+    import numpy as np
+
+    from pipelines.shapes.scenes import BACKGROUND
+
+    if images == "real":
+        return recs
+    if "image" not in recs[0]:
+        raise ValueError(f"images={images!r} needs image records (VQA); these have {sorted(recs[0])}")
+    if images == "blank":
+        return [dict(r, image=np.full_like(np.asarray(r["image"]), BACKGROUND)) for r in recs]
+    if images == "shuffled":
+        return [dict(r, image=recs[(i + 1) % len(recs)]["image"]) for i, r in enumerate(recs)]
+    raise ValueError(f"images {images!r} must be one of real, blank, shuffled")
+
+
 def evaluate(path_or_model, task: str, split: str = "test", n: int = 200, *, seed: int = 0,
-             processor=None) -> dict[str, dict[str, float]]:
-    """Greedy per-category scores of a saved folder (or a model + processor) on `n` fixed records of `split`."""
+             processor=None, images: str = "real") -> dict[str, dict[str, float]]:
+    """Greedy per-category scores of a saved folder (or a model + processor) on `n` fixed records of `split`, with
+    their real images or the blank / shuffled ones of `swap_images`."""
     if isinstance(path_or_model, str | Path):
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -200,43 +223,45 @@ def evaluate(path_or_model, task: str, split: str = "test", n: int = 200, *, see
     else:
         model = path_or_model
     recs = records(task, split, n, seed=seed)
-    texts = predict(model, encoder(task, processor), processor.tokenizer, recs,
+    texts = predict(model, encoder(task, processor), processor.tokenizer, swap_images(recs, images),
                     max_new_tokens=24 if task == "vqa" else 32)
     return score(task, texts, recs)
 
 
 def _template(question: str) -> str:
     """The question with colour and shape words masked: what a model that ignores the pixels can condition on."""
-    import re
+    from pipelines.shapes.vqa import question_template
 
-    from pipelines.shapes.scenes import COLORS, SHAPES
-
-    words = "|".join(list(COLORS) + [f"{s}s?" for s in SHAPES])
-    return re.sub(rf"\b({words})\b", "_", question.split("\n")[0])
+    return question_template(question)
 
 
-def blind_baseline(task: str, split: str = "test", n: int = 300, *, n_train: int = 3000) -> dict[str, dict]:
-    """Scores of the best image-blind answer per question template, fitted on n_train train records: the majority
-    answer (VQA) or the constant span on a 0.25 s grid with the highest mean IoU (grounding)."""
+def blind_baseline(task: str, split: str = "test", n: int = 300, *, n_train: int = 3000,
+                   by: str = "template") -> dict[str, dict]:
+    """Scores of the best image-blind answer per question template (by="template"; by="type": per question type,
+    i.e. the answer prior of each type), fitted on n_train train records: the majority answer (VQA) or the constant
+    span on a 0.25 s grid with the highest mean IoU (grounding)."""
     from collections import Counter, defaultdict
 
     from rewards.rules import temporal_iou
 
+    def key(r: dict[str, Any]) -> str:
+        return _template(r["prompt"]) if by == "template" else str(r.get("category"))
+
     train_by = defaultdict(list)
     for r in records(task, "train", n_train, seed=0):
-        train_by[_template(r["prompt"])].append(r["answers"] if task == "vqa" else r["spans"])
+        train_by[key(r)].append(r["answers"] if task == "vqa" else r["spans"])
     fallback = [a for v in train_by.values() for a in v]
     grid = [(a / 4, b / 4) for a in range(25) for b in range(a + 1, 25)]
     best = {}
-    for key, answers in list(train_by.items()) + [("", fallback)]:
+    for k, answers in list(train_by.items()) + [("", fallback)]:
         if task == "vqa":
-            best[key] = Counter(answers).most_common(1)[0][0]
+            best[k] = Counter(answers).most_common(1)[0][0]
         else:
-            best[key] = max(grid, key=lambda span: sum(temporal_iou(span, g) for g in answers))
+            best[k] = max(grid, key=lambda span: sum(temporal_iou(span, g) for g in answers))
     recs = records(task, split, n, seed=0)
     texts = []
     for r in recs:
-        guess = best.get(_template(r["prompt"]), best[""])
+        guess = best.get(key(r), best[""])
         rec = {"category": r.get("category"), "answers": guess} if task == "vqa" else {"spans": guess}
         texts.append(target_text(task, rec))
     return score(task, texts, recs)
@@ -266,8 +291,12 @@ def train_stream(task: str, *, seed: int, chunk: int = 512, pool: int = 3000):
         k += 1
 
 
+def main_key(task: str) -> str:
+    return "accuracy" if task == "vqa" else "miou"
+
+
 def main_metric(task: str, table: dict[str, dict[str, float]]) -> float:
-    return table["all"]["accuracy" if task == "vqa" else "miou"]
+    return table["all"][main_key(task)]
 
 
 def save(model: nn.Module, processor, out: Path, info: dict[str, Any]) -> None:
@@ -283,7 +312,8 @@ def validate(args, ema: nn.Module, processor, encode, val: list[dict[str, Any]],
     table = score_model(ema, processor, encode, args.task, val)
     metric = main_metric(args.task, table)
     info["evals"].append({"step": step, "minutes": round(minutes, 2), "val": table})
-    print(f"step {step} ({minutes:.1f} min) val {metric:.3f} format {table['all']['format']:.3f}", flush=True)
+    cats = " ".join(f"{c} {row[main_key(args.task)]:.2f}" for c, row in table.items() if c != "all")
+    print(f"step {step} ({minutes:.1f} min) val {metric:.3f} format {table['all']['format']:.3f} ({cats})", flush=True)
     ok = args.ceiling is None or metric <= args.ceiling
     if ok and (info["best"] is None or metric > info["best"]["val"]):
         info["best"] = {"step": step, "minutes": round(minutes, 2), "val": metric}
@@ -299,15 +329,25 @@ def train(args) -> dict[str, Any]:
                                    vision_depth=args.vision_depth, pixels=args.pixels, seed=args.seed)
     tok = processor.tokenizer
     encode = encoder(args.task, processor)
-    ema = copy.deepcopy(model).requires_grad_(False)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
-    val = records(args.task, "val", args.val_n, seed=0)
+    start = time.time()  # --minutes counts stage 1 too
+    head = dense_head(args, model)
     stream = train_stream(args.task, seed=args.seed, pool=args.pool)
+    if head is not None and args.tower_steps > 0:  # stage 1: the vision tower alone on the dense targets
+        from pipelines.shapes.dense import pretrain_tower
+
+        tower_log = pretrain_tower(model, processor, head, stream, steps=args.tower_steps, batch=args.tower_batch,
+                                   lr=args.tower_lr, log=lambda m: print(m, flush=True))
+    ema = copy.deepcopy(model).requires_grad_(False)
+    tap = TowerTap(model) if head is not None else None  # after the copy: the EMA model carries no hook
+    opt = optimizer(args, model, head)
+    val = records(args.task, "val", args.val_n, seed=0)
     n_params = sum(p.numel() for p in model.parameters())
     info: dict[str, Any] = {"args": vars(args), "params": n_params, "losses": [], "evals": [], "best": None}
+    if head is not None and args.tower_steps > 0:
+        info["tower"] = tower_log
     print(f"{args.task}: {n_params:,} parameters", flush=True)
-    t0, last_eval, step, run_loss = time.time(), time.time(), 0, []
-    budget = 60 * args.minutes
+    t0, last_eval, step, run_loss, run_dense = time.time(), time.time(), 0, [], []
+    budget = 60 * args.minutes - (time.time() - start)
     while True:
         elapsed = time.time() - t0
         done = elapsed >= budget
@@ -319,11 +359,18 @@ def train(args) -> dict[str, Any]:
         lr = args.lr * min(1.0, (step + 1) / args.warmup)
         lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(elapsed / budget, 1.0)))  # cosine to 10% over the budget
         for group in opt.param_groups:
-            group["lr"] = lr
+            group["lr"] = lr * group["mult"]
         model.train()
-        inputs, labels = collate([example(args.task, encode, tok, next(stream)) for _ in range(args.batch)],
-                                 tok.pad_token_id)
+        recs = [next(stream) for _ in range(args.batch)]
+        inputs, labels = collate([example(args.task, encode, tok, r) for r in recs], tok.pad_token_id)
         loss = sft_loss(model, inputs, labels)
+        if head is not None:
+            from pipelines.shapes.dense import batch_targets
+
+            color, shape = batch_targets([r["objects"] for r in recs], tap.tokens.shape[0] // len(recs))
+            dense, acc = head.loss(tap.tokens, color, shape)
+            loss = loss + args.dense_weight * dense
+            run_dense.append([float(dense.detach()), acc["color"], acc["shape"]])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -337,9 +384,13 @@ def train(args) -> dict[str, Any]:
         if step % 25 == 0:
             info["losses"].append({"step": step, "minutes": round((time.time() - t0) / 60, 2),
                                    "loss": sum(run_loss) / len(run_loss)})
+            if run_dense:
+                d = torch.tensor(run_dense).mean(0).tolist()
+                info["losses"][-1] |= {"dense": d[0], "dense_color_acc": d[1], "dense_shape_acc": d[2]}
             print(f"step {step} loss {info['losses'][-1]['loss']:.4f} lr {lr:.2e} "
-                  f"({(time.time() - t0) / step:.2f} s/step)", flush=True)
-            run_loss = []
+                  f"({(time.time() - t0) / step:.2f} s/step)"
+                  + (f" dense {d[0]:.3f} colour {d[1]:.2f} shape {d[2]:.2f}" if run_dense else ""), flush=True)
+            run_loss, run_dense = [], []
     info["train_minutes"] = round((time.time() - t0) / 60, 1)
     info["steps"] = step
     if info["best"] is not None:
@@ -366,6 +417,13 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--pool", type=int, default=3000, help="grounding: training clips cycled (written once to the cache)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--vision-lr-mult", type=float, default=1.0, help="the vision tower's lr / --lr")
+    p.add_argument("--dense-weight", type=float, default=0.0,
+                   help="vqa: weight of the per-token colour/shape loss on the tower's tokens (pipelines/shapes/dense.py)")
+    p.add_argument("--tower-steps", type=int, default=0,
+                   help="vqa with --dense-weight: steps of stage 1, the vision tower alone on the dense targets")
+    p.add_argument("--tower-batch", type=int, default=64, help="images per stage-1 step")
+    p.add_argument("--tower-lr", type=float, default=3e-3, help="stage-1 AdamW learning rate")
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--ema", type=float, default=0.99)
     p.add_argument("--hidden", type=int, default=128)
@@ -392,6 +450,10 @@ def main(argv: list[str] | None = None) -> None:
         print(format_table(table), flush=True)
         info["test"] = table
         info["test_eval_seconds"] = round(time.time() - t, 1)
+        if args.task == "vqa":
+            info["test_blank"] = blank = evaluate(args.out, args.task, "test", args.test_n, images="blank")
+            print("blank images:", flush=True)
+            print(format_table(blank), flush=True)
         info["test_blind_baseline"] = blind = blind_baseline(args.task, "test", args.test_n, n_train=args.pool)
         print("image-blind baseline (best answer per question template, fitted on train):", flush=True)
         print(format_table(blind), flush=True)

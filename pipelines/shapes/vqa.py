@@ -13,11 +13,13 @@ from pipelines.shapes.scenes import (
     COLORS,
     NUMBER_WORDS,
     SHAPES,
+    SIZE_RANGE,
     Scene,
     SceneObject,
     stable_hash,
     ground_truth_scenes,
     list_prompts,
+    _place,
     relation_holds,
 )
 
@@ -101,6 +103,52 @@ def scene_questions(scene: Scene, rng: np.random.Generator) -> dict[str, list[tu
     }
 
 
+def question_template(question: str) -> str:
+    """The question with its colour and shape words masked ("How many _ are there?"): what an image-blind model can
+    condition on, and the unit within which `make_vqa` balances answers."""
+    words = "|".join(list(COLORS) + [f"{s}s?" for s in SHAPES])
+    return re.sub(rf"\b({words})\b", "_", question.split("\n")[0])
+
+
+_COUNTS4 = ("1", "2", "3", "4")
+TEMPLATE_ANSWERS: dict[str, dict[str, tuple[str, ...]]] = {
+    "count": {"How many _ are there?": ("0",) + _COUNTS4, "How many _ objects are there?": _COUNTS4,
+              "How many objects are there in total?": _COUNTS4},
+    "color": {"What color is the _?": tuple(COLORS)},
+    "shape": {"What shape is the _ object?": SHAPES},
+    "existence": {"Is there a _ _?": ("yes", "no")},
+    "position": {"Is the _ _ left of the _ _?": ("yes", "no"), "Is the _ _ above the _ _?": ("yes", "no")},
+    "arithmetic": {"How many _ and _ are there altogether?": _COUNTS4,
+                   "How many more _ than _ are there?": ("0", "1", "2", "3"),
+                   "If two more _ were added, how many _ would there be?": ("2", "3", "4", "5", "6")},
+}
+"""every question template per type with its possible answers (scenes hold 1-4 objects): `make_vqa` draws the type,
+then the template, then the answer uniformly, so every image-blind predictor sits at 1 / len(answers)"""
+
+
+def _biased_scene(rng: np.random.Generator, resolution: int) -> Scene:
+    """A random scene of 1-4 objects whose shapes and colours repeat often (each object takes the scene's dominant
+    shape / colour with probability 0.6), so that rare answers (four circles, four red objects) are cheap to find."""
+    n = int(rng.integers(1, 5))
+    colors = list(COLORS)
+    main_s, main_c = SHAPES[int(rng.integers(3))], colors[int(rng.integers(len(colors)))]
+    kinds = [(main_s if rng.random() < 0.6 else SHAPES[int(rng.integers(3))],
+              main_c if rng.random() < 0.6 else colors[int(rng.integers(len(colors)))]) for _ in range(n)]
+    objs = _place(rng, kinds, SIZE_RANGE, None)
+    return Scene(objs, None, resolution) if objs is not None else _biased_scene(rng, resolution)
+
+
+def _scene_source(pools: dict[str, list[str]], rng: np.random.Generator, resolution: int) -> Scene:
+    """Half the scenes are ground truths of the split's T2I prompts (`pools` by category), half biased random
+    scenes (the generator is seeded per split)."""
+    if rng.random() < 0.5:
+        return _biased_scene(rng, resolution)
+    cat = CATEGORIES[int(rng.integers(len(CATEGORIES)))]
+    pool = pools[cat]
+    prompt = pool[int(rng.integers(len(pool)))]
+    return ground_truth_scenes(prompt, 1, seed=int(rng.integers(2**31)), resolution=resolution)[0]
+
+
 def make_vqa(
     split: str,
     n: int,
@@ -109,37 +157,44 @@ def make_vqa(
     resolution: int = 32,
     types: tuple[str, ...] = QUESTION_TYPES,
 ) -> list[dict]:
-    """`n` VQA records on ground-truth scenes of `split`'s prompts (so the VQA splits follow the T2I splits).
+    """`n` VQA records of `split` with balanced answers: the question types dealt in turn from a shuffled deck of
+    `types`, each type's templates from a deck of its `TEMPLATE_ANSWERS`, each template's answers from a deck of its
+    answers, so in every prefix each count differs from the others' by at most one.
 
-    Each record: dict(id, image: uint8 [H, W, 3], question, answer, type, split, prompt). The question type is
-    drawn uniformly among `types` the scene supports, the category of the scene's prompt uniformly too.
+    Scenes are drawn (half from `split`'s T2I prompts, half random, see `_scene_source`) until one asks the chosen
+    template with the chosen answer; unused questions wait in buckets for later records. Each record: dict(id,
+    image: uint8 [H, W, 3], question, answer, type, split, prompt: the scene's T2I prompt or None, objects: the
+    scene's objects as dicts of shape, color, cx, cy, size).
     """
     bad = [t for t in types if t not in QUESTION_TYPES]
     if bad or not types:
         raise ValueError(f"types {types!r} must be a non-empty subset of {QUESTION_TYPES}")
     rng = np.random.default_rng([seed, stable_hash("vqa/" + split)])
     pools = {c: list_prompts(split, c) for c in CATEGORIES}
+    buckets: dict[tuple[str, str], list[tuple[Scene, str]]] = {}
+    decks: dict[str, list] = {}
+
+    def deal(key: str, cards) -> str:  # draw without replacement from a shuffled deck, refilled when empty
+        if not decks.get(key):
+            decks[key] = [cards[i] for i in rng.permutation(len(cards))]
+        return decks[key].pop()
+
     records = []
     while len(records) < n:
-        cat = CATEGORIES[int(rng.integers(len(CATEGORIES)))]
-        prompt = pools[cat][int(rng.integers(len(pools[cat])))]
-        scene = ground_truth_scenes(prompt, 1, seed=int(rng.integers(2**31)), resolution=resolution)[0]
-        qas = {t: q for t, q in scene_questions(scene, rng).items() if t in types and q}
-        if not qas:
-            continue
-        kind = sorted(qas)[int(rng.integers(len(qas)))]
-        question, answer = qas[kind][int(rng.integers(len(qas[kind])))]
-        records.append(
-            dict(
-                id=f"{split}-{len(records):05d}",
-                image=scene.render(),
-                question=question,
-                answer=answer,
-                type=kind,
-                split=split,
-                prompt=prompt,
-            )
-        )
+        kind = deal("", types)
+        template = deal(kind, sorted(TEMPLATE_ANSWERS[kind]))
+        answer = deal(template, TEMPLATE_ANSWERS[kind][template])
+        while not buckets.get((template, answer)):
+            scene = _scene_source(pools, rng, resolution)
+            for pairs in scene_questions(scene, rng).values():
+                for q, a in pairs:
+                    buckets.setdefault((question_template(q), a), []).append((scene, q))
+        found = buckets[(template, answer)]
+        scene, question = found.pop(int(rng.integers(len(found))))
+        records.append(dict(id=f"{split}-{len(records):05d}", image=scene.render(), question=question, answer=answer,
+                            type=kind, split=split, prompt=scene.prompt,
+                            objects=[{"shape": o.shape, "color": o.color, "cx": o.cx, "cy": o.cy, "size": o.size}
+                                     for o in scene.objects]))
     return records
 
 

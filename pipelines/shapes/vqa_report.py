@@ -1,0 +1,71 @@
+"""The tables of assets/README.md's shapes-vlm section: every image-blind VQA predictor per split and question type
+next to chance, and a model's greedy test accuracy with real, blank and shuffled images next to those baselines.
+
+Run: python -m pipelines.shapes.vqa_report --model assets/shapes-vlm --n 300
+"""
+
+import argparse
+
+from pipelines.shapes.pretrain_vlm import _template, blind_baseline, evaluate, records
+
+
+def vqa_chance(split: str = "test", n: int = 300) -> dict[str, float]:
+    """Per question type (and "all"), the mean over records of 1 / (number of answers of the record's template):
+    the accuracy of guessing uniformly, which balanced data makes the best any image-blind predictor can expect."""
+    from pipelines.shapes.vqa import TEMPLATE_ANSWERS
+
+    recs = records("vqa", split, n, seed=0)
+    inv = [1 / len(TEMPLATE_ANSWERS[r["category"]][_template(r["prompt"])]) for r in recs]
+    out = {"all": sum(inv) / len(inv)}
+    for cat in sorted({r["category"] for r in recs}):
+        vals = [v for v, r in zip(inv, recs) if r["category"] == cat]
+        out[cat] = sum(vals) / len(vals)
+    return out
+
+
+def blind_report(splits: tuple[str, ...] = ("val", "test"), n: int = 1000, n_train: int = 3000) -> str:
+    """A markdown table of every image-blind VQA predictor per split and question type, next to chance."""
+    lines = ["| split | type | n | chance | template majority | answer prior per type |", "|---|---|---|---|---|---|"]
+    for split in splits:
+        chance = vqa_chance(split, n)
+        tables = [blind_baseline("vqa", split, n, n_train=n_train, by=by) for by in ("template", "type")]
+        for cat in tables[0]:
+            lines.append(f"| {split} | {cat} | {tables[0][cat]['n']} | {chance[cat]:.3f} | "
+                         f"{tables[0][cat]['accuracy']:.3f} | {tables[1][cat]['accuracy']:.3f} |")
+    return "\n".join(lines)
+
+
+def model_report(model: str, split: str = "test", n: int = 300, n_train: int = 3000) -> str:
+    """A markdown table of the model's greedy accuracy per question type with real, blank and shuffled images, the
+    best image-blind baseline (template majority or type prior, fitted on train) and real - blank."""
+    runs = {images: evaluate(model, "vqa", split, n, images=images) for images in ("real", "blank", "shuffled")}
+    blind = [blind_baseline("vqa", split, n, n_train=n_train, by=by) for by in ("template", "type")]
+    lines = ["| type | n | format | accuracy | blank image | shuffled image | image-blind baseline | real - blank |",
+             "|---|---|---|---|---|---|---|---|"]
+    for cat, row in runs["real"].items():
+        base = max(b[cat]["accuracy"] for b in blind)
+        lines.append(f"| {cat} | {row['n']} | {row['format']:.3f} | {row['accuracy']:.3f} | "
+                     f"{runs['blank'][cat]['accuracy']:.3f} | {runs['shuffled'][cat]['accuracy']:.3f} | {base:.3f} | "
+                     f"{row['accuracy'] - runs['blank'][cat]['accuracy']:+.3f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None, help="a save_pretrained folder to score (omit: only the blind table)")
+    p.add_argument("--split", default="test", choices=("train", "val", "test"))
+    p.add_argument("--n", type=int, default=300, help="questions of --split for the model table")
+    p.add_argument("--blind-n", type=int, default=1000, help="questions per split for the blind table")
+    p.add_argument("--threads", type=int, default=1)
+    args = p.parse_args(argv)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    if args.model:
+        print(model_report(args.model, args.split, args.n), flush=True)
+    else:
+        print(blind_report(("train", "val", "test"), args.blind_n), flush=True)
+
+
+if __name__ == "__main__":
+    main()
