@@ -7,6 +7,7 @@ linear head on the tower's output tokens. The head is used in training only and 
 """
 
 import math
+import time
 from typing import Any
 
 import torch
@@ -136,3 +137,25 @@ def optimizer(args, model: nn.Module, head: nn.Module | None) -> torch.optim.Opt
     rest = [p for p in model.parameters() if id(p) not in ids]
     return torch.optim.AdamW([{"params": rest, "mult": 1.0}, {"params": vision, "mult": args.vision_lr_mult}],
                              lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
+
+
+def stage_one(args, model: nn.Module, processor, stream) -> tuple[DenseHead | None, list[dict[str, float]]]:
+    """The dense head (None without --dense-weight) and, with --tower-steps, stage 1's log (`pretrain_tower`)."""
+    head = dense_head(args, model)
+    if head is None or args.tower_steps <= 0:
+        return head, []
+    return head, pretrain_tower(model, processor, head, stream, steps=args.tower_steps, batch=args.tower_batch,
+                                lr=args.tower_lr, log=lambda m: print(m, flush=True))
+
+
+def log_losses(info: dict[str, Any], step: int, t0: float, lr: float, run_loss: list, run_dense: list) -> None:
+    """Append the mean SFT loss (and dense metrics) since the last log to info["losses"] and print them."""
+    info["losses"].append({"step": step, "minutes": round((time.time() - t0) / 60, 2),
+                           "loss": sum(run_loss) / len(run_loss)})
+    extra = ""
+    if run_dense:
+        d = torch.tensor(run_dense).mean(0).tolist()
+        info["losses"][-1] |= {"dense": d[0], "dense_color_acc": d[1], "dense_shape_acc": d[2]}
+        extra = f" dense {d[0]:.3f} colour {d[1]:.2f} shape {d[2]:.2f}"
+    print(f"step {step} loss {info['losses'][-1]['loss']:.4f} lr {lr:.2e} ({(time.time() - t0) / step:.2f} s/step)"
+          + extra, flush=True)

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipelines.shapes.dense import TowerTap, dense_head, optimizer
+from pipelines.shapes.dense import TowerTap, log_losses, optimizer, stage_one
 
 THINK = {
     "count": "Count them.",
@@ -193,24 +193,6 @@ def score(task: str, texts: list[str], recs: list[dict[str, Any]]) -> dict[str, 
     return table
 
 
-def swap_images(recs: list[dict[str, Any]], images: str) -> list[dict[str, Any]]:
-    """The image records with their pixels replaced: "real" (unchanged), "blank" (the background colour everywhere)
-    or "shuffled" (record i gets record i+1's image): the conditions of an is-it-looking check."""
-    import numpy as np
-
-    from pipelines.shapes.scenes import BACKGROUND
-
-    if images == "real":
-        return recs
-    if "image" not in recs[0]:
-        raise ValueError(f"images={images!r} needs image records (VQA); these have {sorted(recs[0])}")
-    if images == "blank":
-        return [dict(r, image=np.full_like(np.asarray(r["image"]), BACKGROUND)) for r in recs]
-    if images == "shuffled":
-        return [dict(r, image=recs[(i + 1) % len(recs)]["image"]) for i, r in enumerate(recs)]
-    raise ValueError(f"images {images!r} must be one of real, blank, shuffled")
-
-
 def evaluate(path_or_model, task: str, split: str = "test", n: int = 200, *, seed: int = 0,
              processor=None, images: str = "real") -> dict[str, dict[str, float]]:
     """Greedy per-category scores of a saved folder (or a model + processor) on `n` fixed records of `split`, with
@@ -222,6 +204,8 @@ def evaluate(path_or_model, task: str, split: str = "test", n: int = 200, *, see
         model = AutoModelForImageTextToText.from_pretrained(path_or_model)
     else:
         model = path_or_model
+    from pipelines.shapes.vqa import swap_images
+
     recs = records(task, split, n, seed=seed)
     texts = predict(model, encoder(task, processor), processor.tokenizer, swap_images(recs, images),
                     max_new_tokens=24 if task == "vqa" else 32)
@@ -320,6 +304,32 @@ def validate(args, ema: nn.Module, processor, encode, val: list[dict[str, Any]],
         save(ema, processor, Path(args.out), info)
 
 
+def sft_step(args, model: nn.Module, ema: nn.Module, opt, head, tap, encode, tok, recs: list[dict[str, Any]],
+             step: int) -> tuple[float, list[float] | None]:
+    """One SFT update on `recs` (+ the dense loss on the same images with a head), then the EMA update. Returns the
+    loss and, with a head, [dense loss, colour accuracy, shape accuracy] on the batch's object cells."""
+    model.train()
+    inputs, labels = collate([example(args.task, encode, tok, r) for r in recs], tok.pad_token_id)
+    loss = sft_loss(model, inputs, labels)
+    dense_log = None
+    if head is not None:
+        from pipelines.shapes.dense import batch_targets
+
+        color, shape = batch_targets([r["objects"] for r in recs], tap.tokens.shape[0] // len(recs))
+        dense, acc = head.loss(tap.tokens, color, shape)
+        loss = loss + args.dense_weight * dense
+        dense_log = [float(dense.detach()), acc["color"], acc["shape"]]
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    decay = min(args.ema, (1 + step) / (10 + step))  # short warm-up so early evals are not of the init
+    with torch.no_grad():
+        for pe, pm in zip(ema.parameters(), model.parameters()):
+            pe.lerp_(pm, 1 - decay)
+    return float(loss.detach()), dense_log
+
+
 def train(args) -> dict[str, Any]:
     """SFT for args.minutes of wall time; every args.eval_minutes the EMA model is scored on a fixed val sample and
     saved to args.out when it is the best so far (and, with --ceiling, not above the band's ceiling)."""
@@ -330,20 +340,15 @@ def train(args) -> dict[str, Any]:
     tok = processor.tokenizer
     encode = encoder(args.task, processor)
     start = time.time()  # --minutes counts stage 1 too
-    head = dense_head(args, model)
     stream = train_stream(args.task, seed=args.seed, pool=args.pool)
-    if head is not None and args.tower_steps > 0:  # stage 1: the vision tower alone on the dense targets
-        from pipelines.shapes.dense import pretrain_tower
-
-        tower_log = pretrain_tower(model, processor, head, stream, steps=args.tower_steps, batch=args.tower_batch,
-                                   lr=args.tower_lr, log=lambda m: print(m, flush=True))
+    head, tower_log = stage_one(args, model, processor, stream)  # the tower alone on the dense targets
     ema = copy.deepcopy(model).requires_grad_(False)
     tap = TowerTap(model) if head is not None else None  # after the copy: the EMA model carries no hook
     opt = optimizer(args, model, head)
     val = records(args.task, "val", args.val_n, seed=0)
     n_params = sum(p.numel() for p in model.parameters())
     info: dict[str, Any] = {"args": vars(args), "params": n_params, "losses": [], "evals": [], "best": None}
-    if head is not None and args.tower_steps > 0:
+    if tower_log:
         info["tower"] = tower_log
     print(f"{args.task}: {n_params:,} parameters", flush=True)
     t0, last_eval, step, run_loss, run_dense = time.time(), time.time(), 0, [], []
@@ -360,36 +365,13 @@ def train(args) -> dict[str, Any]:
         lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(elapsed / budget, 1.0)))  # cosine to 10% over the budget
         for group in opt.param_groups:
             group["lr"] = lr * group["mult"]
-        model.train()
-        recs = [next(stream) for _ in range(args.batch)]
-        inputs, labels = collate([example(args.task, encode, tok, r) for r in recs], tok.pad_token_id)
-        loss = sft_loss(model, inputs, labels)
-        if head is not None:
-            from pipelines.shapes.dense import batch_targets
-
-            color, shape = batch_targets([r["objects"] for r in recs], tap.tokens.shape[0] // len(recs))
-            dense, acc = head.loss(tap.tokens, color, shape)
-            loss = loss + args.dense_weight * dense
-            run_dense.append([float(dense.detach()), acc["color"], acc["shape"]])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        decay = min(args.ema, (1 + step) / (10 + step))  # short warm-up so early evals are not of the init
-        with torch.no_grad():
-            for pe, pm in zip(ema.parameters(), model.parameters()):
-                pe.lerp_(pm, 1 - decay)
+        loss, dense = sft_step(args, model, ema, opt, head, tap, encode, tok, [next(stream) for _ in range(args.batch)],
+                               step)
         step += 1
-        run_loss.append(float(loss.detach()))
+        run_loss.append(loss)
+        run_dense += [dense] if dense else []
         if step % 25 == 0:
-            info["losses"].append({"step": step, "minutes": round((time.time() - t0) / 60, 2),
-                                   "loss": sum(run_loss) / len(run_loss)})
-            if run_dense:
-                d = torch.tensor(run_dense).mean(0).tolist()
-                info["losses"][-1] |= {"dense": d[0], "dense_color_acc": d[1], "dense_shape_acc": d[2]}
-            print(f"step {step} loss {info['losses'][-1]['loss']:.4f} lr {lr:.2e} "
-                  f"({(time.time() - t0) / step:.2f} s/step)"
-                  + (f" dense {d[0]:.3f} colour {d[1]:.2f} shape {d[2]:.2f}" if run_dense else ""), flush=True)
+            log_losses(info, step, t0, lr, run_loss, run_dense)
             run_loss, run_dense = [], []
     info["train_minutes"] = round((time.time() - t0) / 60, 1)
     info["steps"] = step

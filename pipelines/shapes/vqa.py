@@ -5,10 +5,12 @@ writer for the VLM pipeline, and a minimal answer normaliser. The rule rewards t
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pipelines.shapes.scenes import (
+    BACKGROUND,
     CATEGORIES,
     COLORS,
     NUMBER_WORDS,
@@ -260,3 +262,17 @@ def check_answer(pred_answer: str, answer: str) -> bool:
         return float(pred) == float(ref)
     except ValueError:
         return pred == ref
+
+
+def swap_images(recs: list[dict[str, Any]], images: str) -> list[dict[str, Any]]:
+    """The image records with their pixels replaced: "real" (unchanged), "blank" (the background colour everywhere)
+    or "shuffled" (record i gets record i+1's image): the conditions of an is-it-looking check."""
+    if images == "real":
+        return recs
+    if "image" not in recs[0]:
+        raise ValueError(f"images={images!r} needs image records (VQA); these have {sorted(recs[0])}")
+    if images == "blank":
+        return [dict(r, image=np.full_like(np.asarray(r["image"]), BACKGROUND)) for r in recs]
+    if images == "shuffled":
+        return [dict(r, image=recs[(i + 1) % len(recs)]["image"]) for i, r in enumerate(recs)]
+    raise ValueError(f"images {images!r} must be one of real, blank, shuffled")
