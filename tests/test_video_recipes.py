@@ -122,12 +122,24 @@ def _two_steps(cfg, out: Path) -> list[dict]:
     return rows
 
 
+TASK = "{name: video_task, weight: 1.0}"
+"""grounding or QA by record: the reward column every recipe's data can give"""
+
+
 @pytest.mark.parametrize("recipe", [r.name for r in RECIPES])
 def test_recipe_two_training_steps(cache, tmp_path, recipe):
-    cfg = load_config(ROOT / "configs" / "video" / recipe, _tiny(cache, tmp_path))
+    cfg = load_config(ROOT / "configs" / "video" / recipe)
+    extra = []
+    if cfg.algo.advantage == "grpo_bonus":  # T-GRPO recipes: the bonus column stays where the advantage reads it
+        extra = [f"rewards=[{LETTERS}, {TASK}, {{name: temporal_contrast, weight: 1.0}}]"]
+    elif cfg.pipeline.kwargs.get("shapes_types") not in (None, ["grounding"]):  # QA records have no spans
+        extra = [f"rewards=[{LETTERS}, {TASK}]"]
+    cfg = load_config(ROOT / "configs" / "video" / recipe, _tiny(cache, tmp_path) + extra)
     rows = _two_steps(cfg, tmp_path)
     if cfg.pipeline.kwargs.get("inject_ground_truth"):
         assert rows[0]["gt/logp_mean"] < 0  # the injected ground truth was scored by the rollout policy
+    if cfg.pipeline.kwargs.get("temporal") == "generate":
+        assert "temporal_contrast" in json.dumps(rows[0])  # the T-GRPO bonus column was scored
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
@@ -235,3 +247,46 @@ def test_gpu_recipe_two_steps_on_charades_style_jsonl(cache, tmp_path):
     assert kw["skip_bad_videos"] and kw["inject_ground_truth"] and kw["frame_mode"] == "fps"
     rows = _two_steps(cfg, out)
     assert rows[0]["gt/logp_mean"] < 0 and rows[0]["video/frames_mean"] == 8
+
+
+def test_video_r1_recipe_two_steps_on_video_r1_json(cache, tmp_path):
+    """The Video-R1 recipe's own data path: Video-R1-format JSON (multiple choice with options, numerical, an image
+    row) converted by pipelines.video.video_r1, then two T-GRPO steps (shuffled-frame rollouts) on a tiny
+    Qwen2.5-VL with the recipe's 2 fps sampling and pixel bounds."""
+    import numpy as np
+
+    from pipelines.shapes.video import write_mp4
+    from pipelines.video.video_r1 import convert, main as convert_main
+
+    (tmp_path / "v").mkdir()
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(4):
+        write_mp4(tmp_path / "v" / f"c{i}.mp4", rng.integers(0, 256, (16, 64, 64, 3), dtype=np.uint8), 4)
+        mc = {"problem": f"What happens {i}?", "problem_type": "multiple choice", "options": ["A. x", "B. y"],
+              "solution": "<answer>B</answer>"}
+        num = {"problem": f"How many {i}?", "problem_type": "numerical", "options": [], "solution": "<answer>3</answer>"}
+        rows.append({"problem_id": i, "data_type": "video", "path": f"./v/c{i}.mp4", **(mc if i % 2 else num)})
+    rows.append({"problem_id": 9, "data_type": "image", "path": "./img.png", "problem": "?",
+                 "problem_type": "multiple choice", "options": ["A. x"], "solution": "<answer>A</answer>"})
+    src = tmp_path / "Video-R1-260k.json"
+    src.write_text(json.dumps(rows))
+    data = tmp_path / "out" / "train.jsonl"
+    assert convert(src, data) == (4, 1)
+    first, second = (json.loads(x) for x in data.read_text().splitlines()[:2])
+    assert first["type"] == "numeric" and first["answer"] == "3"
+    assert second["question"] == "What happens 1?\nOptions:\nA. x\nB. y" and second["answer"] == "B"
+    src.write_text(json.dumps([{"problem": "?", "problem_type": "essay", "solution": "x", "path": "a.mp4"}]))
+    assert convert_main([str(src), str(tmp_path / "bad.jsonl")]) == 2  # one line naming the row and the field
+    out = tmp_path / "run"
+    keep = ("pipeline.kwargs.frame_mode", "pipeline.kwargs.min_pixels", "pipeline.kwargs.max_pixels",
+            "pipeline.kwargs.max_new_tokens")
+    cfg = load_config(ROOT / "configs" / "video" / "qwen25vl_7b_video_r1.yaml",
+                      [o for o in _tiny(cache, out, model="tiny-random-qwen2.5-vl") if not o.startswith(keep)]
+                      + [f"pipeline.kwargs.data={data}", "pipeline.kwargs.train_size=null",
+                         "pipeline.kwargs.max_new_tokens=8",
+                         f"rewards=[{LETTERS}, {TASK}, {{name: temporal_contrast, weight: 1.0}}]"])
+    kw = cfg.pipeline.kwargs
+    assert kw["temporal"] == "generate" and cfg.algo.advantage == "grpo_bonus" and kw["frame_mode"] == "fps"
+    rows = _two_steps(cfg, out)
+    assert rows[0]["video/frames_mean"] == 8  # 4 s at 2 fps

@@ -12,14 +12,18 @@ from pipelines.shapes.scenes import COLORS, MARGIN, SHAPES, Scene, SceneObject, 
 
 DIRECTIONS = {"right": (1.0, 0.0), "left": (-1.0, 0.0), "down": (0.0, 1.0), "up": (0.0, -1.0)}
 VIDEO_TYPES = ("grounding", "direction", "order", "count")
-SET_VERSION = 2
+SET_VERSION = 3
 """names the on-disk clip cache (pipelines/video/data.py): bump it whenever sampling or rendering changes"""
-MOVE_FRAMES = (2, 6)
-"""a move lasts 2-6 frames and starts anywhere in the clip"""
-LEAD_FRAMES = 3
-"""an object appears 1-3 frames before its move starts and disappears 1-3 frames after it ends (clipped to the clip)"""
-N_OBJECTS_P = (0.2, 0.4, 0.4)
-"""P(1, 2, 3 objects): mostly several, with overlapping events, so the query's colour and shape matter"""
+PATCH_FRAMES = 2
+"""events start and end on multiples of this many frames: Qwen2-VL's temporal patch, so each temporal token group of
+a fully sampled clip is either inside or outside an event"""
+MOVE_GROUPS = (1, 3)
+"""a move lasts 1-3 frame pairs (0.5-1.5 s at 4 fps) and starts anywhere in the clip"""
+LEAD_GROUPS = (0, 1)
+"""an object appears 0-1 frame pairs before its move starts and disappears 0-1 pairs after it ends (clipped)"""
+N_OBJECTS_P = (1 / 3, 1 / 3, 1 / 3)
+"""P(1, 2, 3 objects): uniform, so the count answer is at chance for a blind guess; 2/3 of clips have several
+objects, so the query's colour and shape matter"""
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ class Clip:
     """A clip: tracks, `num_frames` frames at `fps` (frame i is shown over [i / fps, (i + 1) / fps) seconds)."""
 
     tracks: tuple[Track, ...]
-    num_frames: int = 24
+    num_frames: int = 32
     fps: int = 4
     resolution: int = 64
 
@@ -95,14 +99,16 @@ class Clip:
 
 
 def _track(rng: np.random.Generator, shape: str, color: str, num_frames: int, size_range) -> Track | None:
-    # Events are drawn uniformly over the clip and kept short (a move of 2-6 frames, visible 1-3 frames either side
-    # of it), so that no constant span per query template fits them: the span must be read from the frames.
+    # Events are short (a move of 1-3 frame pairs, visible 0-1 pair either side of it) and drawn uniformly over the
+    # clip, on frame-pair boundaries, so no constant span fits them (best ~0.2 mIoU): the span must be read from the
+    # frames, and each of the model's temporal token groups (2 frames) is wholly inside or outside an event.
     size = float(rng.uniform(*size_range))
-    length = int(rng.integers(MOVE_FRAMES[0], MOVE_FRAMES[1] + 1))
-    move_start = int(rng.integers(1, num_frames - length))  # move_end <= num_frames - 1: the end pose is shown
-    move_end = move_start + length
-    appear = max(0, move_start - int(rng.integers(1, LEAD_FRAMES + 1)))
-    disappear = min(num_frames, move_end + int(rng.integers(1, LEAD_FRAMES + 1)))
+    groups = num_frames // PATCH_FRAMES
+    length = int(rng.integers(MOVE_GROUPS[0], MOVE_GROUPS[1] + 1))
+    first = int(rng.integers(0, groups - length + 1))  # the move covers frame pairs [first, first + length)
+    move_start, move_end = PATCH_FRAMES * first, PATCH_FRAMES * (first + length)
+    appear = max(0, move_start - PATCH_FRAMES * int(rng.integers(LEAD_GROUPS[0], LEAD_GROUPS[1] + 1)))
+    disappear = min(num_frames, move_end + PATCH_FRAMES * int(rng.integers(LEAD_GROUPS[0], LEAD_GROUPS[1] + 1)))
     direction = list(DIRECTIONS)[int(rng.integers(4))]
     dist = float(rng.uniform(0.25, 0.45))
     lo, hi = size + 0.02, 1 - size - 0.02
@@ -131,18 +137,19 @@ def sample_clip(
     rng: np.random.Generator,
     *,
     n_objects: int | None = None,
-    num_frames: int = 24,
+    num_frames: int = 32,
     fps: int = 4,
     resolution: int = 64,
     size_range: tuple[float, float] = (0.1, 0.15),
 ) -> Clip:
     """A random clip of 1-3 objects with distinct colours and shapes; each appears, moves once, maybe disappears.
 
-    Event times are uniform over the clip (see MOVE_FRAMES, LEAD_FRAMES). Objects never overlap on any frame (boxes
+    Event times are uniform over the clip, on frame-pair boundaries (see MOVE_GROUPS, LEAD_GROUPS). Objects never overlap on any frame (boxes
     stay MARGIN apart); sizes are fractions of the side.
     """
-    if not 16 <= num_frames <= 64:
-        raise ValueError(f"num_frames={num_frames} is outside [16, 64]; clips need room for appear/move/disappear")
+    if not 16 <= num_frames <= 64 or num_frames % PATCH_FRAMES:
+        raise ValueError(f"num_frames={num_frames} must be even and in [16, 64]: events sit on frame pairs and clips "
+                         f"need room for appear/move/disappear")
     n = int(rng.choice(3, p=N_OBJECTS_P)) + 1 if n_objects is None else n_objects
     if not 1 <= n <= len(SHAPES):
         raise ValueError(f"n_objects={n} must be in [1, {len(SHAPES)}]: each object has its own shape")
@@ -179,7 +186,8 @@ def clip_questions(clip: Clip) -> dict[str, list[tuple[str, object]]]:
             if a is not b and b.appear - a.appear >= 2:
                 qa["order"].append((f"Which appears first, the {a.name} or the {b.name}?", a.name))
                 qa["order"].append((f"Which appears first, the {b.name} or the {a.name}?", a.name))
-            if a is not b and b.move_start - a.move_start >= 2:
+            if a is not b and b.move_start - a.move_start >= 2:  # both name orders, so neither position is a prior
+                qa["order"].append((f"Which starts moving first, the {a.name} or the {b.name}?", a.name))
                 qa["order"].append((f"Which starts moving first, the {b.name} or the {a.name}?", a.name))
     qa["count"].append(("How many different objects appear in the video?", str(len(clip.tracks))))
     return qa
@@ -236,12 +244,14 @@ def make_video_set(
     out_dir: str | Path,
     *,
     seed: int = 0,
-    num_frames: int = 24,
+    num_frames: int = 32,
     fps: int = 4,
     resolution: int = 64,
     types: tuple[str, ...] = VIDEO_TYPES,
+    all_questions: bool = False,
 ) -> Path:
-    """Write `n` clips as `<out_dir>/videos/<id>.mp4` and one question per clip to `<out_dir>/<split>.jsonl`.
+    """Write `n` clips as `<out_dir>/videos/<id>.mp4` and one question per clip to `<out_dir>/<split>.jsonl` (or,
+    with `all_questions`, a row for every question of `types` the clip supports: pretraining data).
 
     Rows: video (relative path), question, answer ([start, end] seconds for grounding, else a string), type,
     split, id, duration, fps, num_frames, timeline. Splits use disjoint seeds (hash of the split name).
@@ -259,10 +269,13 @@ def make_video_set(
             clip = sample_clip(rng, num_frames=num_frames, fps=fps, resolution=resolution)
             qas = {t: q for t, q in clip_questions(clip).items() if t in types and q}
             kind = sorted(qas)[int(rng.integers(len(qas)))]
-            question, answer = qas[kind][int(rng.integers(len(qas[kind])))]
+            pick = qas[kind][int(rng.integers(len(qas[kind])))]
             rid = f"{split}-{i:05d}"
             write_mp4(out / "videos" / f"{rid}.mp4", clip.frames(), fps)
-            row = dict(video=f"videos/{rid}.mp4", question=question, answer=answer, type=kind, split=split, id=rid)
-            row.update(duration=clip.duration, fps=fps, num_frames=num_frames, timeline=clip.timeline())
-            f.write(json.dumps(row) + "\n")
+            rows = [(k, q, a) for k in sorted(qas) for q, a in qas[k]] if all_questions else [(kind, *pick)]
+            for j, (k, question, answer) in enumerate(rows):
+                row = dict(video=f"videos/{rid}.mp4", question=question, answer=answer, type=k, split=split,
+                           id=f"{rid}-{j}" if all_questions else rid)
+                row.update(duration=clip.duration, fps=fps, num_frames=num_frames, timeline=clip.timeline())
+                f.write(json.dumps(row) + "\n")
     return path

@@ -1,0 +1,126 @@
+"""The shipped ShapesWorld video model (assets/shapes-video) and its pretraining (pipelines/shapes/pretrain_video.py):
+the dense per-group targets and the vectorised IoU by hand, pretraining inputs identical to the rollouts' `encode`,
+and the check that fails when frames stop reaching the model: a fixed test sample scored through the RL policy's own
+rollout (prefix sharing and the vision-feature cache on) with real and with blank frames."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from pipelines.shapes import pretrain_video as PV
+from pipelines.shapes.video import Clip, Track, make_video_set
+
+ROOT = Path(__file__).resolve().parents[1]
+VIDEO = ROOT / "assets" / "shapes-video"
+N_SAMPLE = 12
+"""test clips per task in the frames-reach-the-model check (grounding; direction / order / count)"""
+
+
+def _clip() -> Clip:
+    # red circle: visible frames [2, 8), moves right on [4, 6); blue square: visible [0, 32), moves up on [10, 16)
+    return Clip((Track("circle", "red", 0.12, 2, 8, (0.2, 0.3), (0.6, 0.3), "right", 4, 6),
+                 Track("square", "blue", 0.12, 0, 32, (0.5, 0.8), (0.5, 0.4), "up", 10, 16)), 32, 4, 64)
+
+
+def test_dense_states_by_hand():
+    states = PV.dense_states(_clip().timeline(), 32)  # [16 groups, 6 colours]
+    red, blue = list(PV.COLORS).index("red"), list(PV.COLORS).index("blue")
+    # red: group g holds frames 2g, 2g+1; visible in groups 1-3 (frames 2-7), moving in group 2 (frame 4 in [4, 6))
+    assert [PV.STATES[s] for s in states[:5, red].tolist()] == ["absent", "still", "moving right", "still", "absent"]
+    assert (states[4:, red] == 0).all()
+    # blue: visible throughout; moving in groups 5, 6, 7 (frames 10, 12, 14 in [10, 16))
+    expect = ["still"] * 5 + ["moving up"] * 3 + ["still"] * 8
+    assert [PV.STATES[s] for s in states[:, blue].tolist()] == expect
+    others = [c for c in range(len(PV.COLORS)) if c not in (red, blue)]
+    assert (states[:, others] == 0).all()
+
+
+def test_mean_iou_by_hand():
+    # span (1, 3) vs (2, 4): inter 1, union 3 -> 1/3; vs (5, 6): 0; mean 1/6.  span (0, 8) vs (2, 4): 2/8, vs (5, 6):
+    # 1/8; mean 3/16.  A reversed or empty ground truth (3, 3) scores 0 against (1, 3) as rewards.rules.temporal_iou
+    got = PV.mean_iou([(1, 3), (0, 8)], [(2, 4), (5, 6)])
+    assert got == pytest.approx([1 / 6, 3 / 16], abs=1e-12)
+    from rewards.rules import temporal_iou
+
+    assert PV.mean_iou([(1, 3)], [(3, 3)])[0] == temporal_iou((1, 3), (3, 3)) == 0.0
+
+
+def test_targets_fit_the_recipes_and_get_full_marks():
+    import rewards
+    from pipelines.video import rewards as _  # noqa: F401  registers video_task
+
+    from transformers import AutoProcessor
+
+    tok = AutoProcessor.from_pretrained(VIDEO).tokenizer
+    recs = [{"type": "grounding", "spans": [6.5, 8.0], "category": "grounding"},
+            {"type": "direction", "answers": "right", "category": "free_form"},
+            {"type": "order", "answers": "yellow triangle", "category": "free_form"},
+            {"type": "count", "answers": "3", "category": "numeric"}]
+    texts = [PV.target_text(r) for r in recs]
+    lengths = [len(tok(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts]  # + <|im_end|>
+    assert lengths[0] <= 32 and max(lengths) == 34 <= PV.MAX_NEW_TOKENS  # grounding / QA recipes' max_new_tokens
+    task = rewards.load("video_task")(texts, prompts=None, spans=[r.get("spans") for r in recs],
+                                      answers=[r.get("answers") for r in recs], category=[r["category"] for r in recs])
+    assert task.tolist() == [1.0] * 4
+    assert rewards.load("format", mode="strict")(texts, prompts=None).tolist() == [1.0] * 4
+
+
+def test_pretraining_inputs_are_the_policy_encode(tmp_path):
+    from transformers import AutoProcessor
+
+    from pipelines.shapes.video_probe import frame_encoder, set_records
+
+    make_video_set("train", 2, tmp_path, num_frames=32, all_questions=True)
+    recs = set_records(tmp_path, "train")
+    assert {r["type"] for r in recs} >= {"grounding", "direction", "count"} and len(recs) > 4
+    processor = AutoProcessor.from_pretrained(VIDEO)
+    ex, encode = PV.Examples(processor, recs), frame_encoder(processor, PV.NUM_FRAMES)
+    for i in range(len(recs)):
+        ours, theirs = ex(i), encode(recs[i])
+        for key in ("input_ids", "mm_token_type_ids", "pixel_values_videos", "video_grid_thw"):
+            assert torch.equal(ours[key], theirs[key]), (i, key)
+    assert ours["states"].shape == (16, len(PV.COLORS))
+
+
+@pytest.fixture(scope="module")
+def policy():
+    from pipelines.video.build import build_video
+
+    # the grounding recipe's settings; the tower frozen so the vision-feature cache is on, as in a LoRA RL run
+    kw = {"num_frames": PV.NUM_FRAMES, "shapes_frames": PV.NUM_FRAMES, "max_new_tokens": PV.MAX_NEW_TOKENS, "temperature": 0.05,
+          "prefix_sharing": "auto", "vision_cache": "auto", "freeze_vision": True}
+    task = build_video(seed=0, device=torch.device("cpu"), model=str(VIDEO), train_size=1, eval_size=1, **kw)
+    assert task.module.vision_cache.why_off() == "" and task.module.shared
+    return task.policy
+
+
+def _scores(policy, recs: list[dict]) -> np.ndarray:
+    from pipelines.video import rewards as _  # noqa: F401  registers video_task
+    import rewards
+
+    out = policy.rollout(recs, 1, list(range(len(recs))))
+    assert torch.isfinite(out.old_logp[out.mask]).all()
+    return rewards.load("video_task")(out.samples, prompts=None, spans=[r.get("spans") for r in recs],
+                                      answers=[r.get("answers") for r in recs],
+                                      category=[r["category"] for r in recs]).numpy()
+
+
+def test_frames_reach_the_model_through_the_rollout_policy(policy):
+    """Real frames score far above blank ones on a fixed test sample, through `VideoPolicy.rollout` (the code GRPO
+    samples with: prefix-shared log-probs, cached vision features). Fails when pixels stop reaching the model."""
+    from pipelines.shapes.video_probe import blank_video, pipeline_records
+
+    recs = (pipeline_records("test", N_SAMPLE, types=("grounding",), num_frames=PV.NUM_FRAMES)
+            + pipeline_records("test", N_SAMPLE, types=PV.QA_TYPES, num_frames=PV.NUM_FRAMES))
+    blank = blank_video(PV.NUM_FRAMES, 4, 64, Path.home() / ".cache" / "mmgrpo" / "blank")
+    real = _scores(policy, recs)
+    empty = _scores(policy, [{**r, "video": blank} for r in recs])
+    g = slice(0, N_SAMPLE)
+    print(json.dumps({"real": [real[g].mean(), real[N_SAMPLE:].mean()],
+                      "blank": [empty[g].mean(), empty[N_SAMPLE:].mean()]}))
+    # measured: see assets/README.md (shapes-video, "frames reach the model")
+    assert real[g].mean() >= empty[g].mean() + 0.25  # grounding mIoU
+    assert real[N_SAMPLE:].mean() >= empty[N_SAMPLE:].mean() + 0.25  # QA accuracy
