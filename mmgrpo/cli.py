@@ -176,7 +176,7 @@ def cmd_list(args) -> int:
 PRETRAIN = {
     "shapes-t2i": ("pipelines.shapes.pretrain_t2i", []),
     "shapes-vlm": ("pipelines.shapes.pretrain_vlm", ["--task", "vqa"]),
-    "shapes-video": ("pipelines.shapes.pretrain_vlm", ["--task", "grounding"]),
+    "shapes-video": ("pipelines.shapes.pretrain_video", []),
 }
 """`mmgrpo pretrain NAME [args]`: the module whose main(argv) trains NAME, and the arguments it always gets"""
 

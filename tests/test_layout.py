@@ -29,8 +29,8 @@ CORE, REWARDS, PIPELINES, PROGRAMS, BENCH = range(5)
 LAYER_NAMES = ("core", "rewards/world", "pipelines", "programs", "bench")
 PROGRAMS_MODULES = (
     "pipelines.flow.compare", "pipelines.shapes.pretrain_t2i", "pipelines.shapes.pretrain_vlm",
-    "pipelines.shapes.pretrain_video", "pipelines.shapes.vlm_probe", "pipelines.shapes.vqa_report",
-    "pipelines.video.demo", "pipelines.vlm.sft",
+    "pipelines.shapes.pretrain_video", "pipelines.shapes.video_probe", "pipelines.shapes.vlm_probe",
+    "pipelines.shapes.vqa_report", "pipelines.video.demo", "pipelines.vlm.sft",
 )
 
 # (importer, imported) -> why it still exists and what removes it. Only edges that close a cycle are listed.

@@ -108,6 +108,9 @@ def _scores(policy, recs: list[dict]) -> np.ndarray:
                                       category=[r["category"] for r in recs]).numpy()
 
 
+@pytest.mark.xfail(strict=True, reason="issue 14: the shipped video model does not use its frames yet (on this sample "
+                   "real vs blank: grounding mIoU 0.06 vs 0.17, QA 0.50 vs 0.50; assets/README.md); strict, so a "
+                   "model that sees makes this XPASS and the marker must go")
 def test_frames_reach_the_model_through_the_rollout_policy(policy):
     """Real frames score far above blank ones on a fixed test sample, through `VideoPolicy.rollout` (the code GRPO
     samples with: prefix-shared log-probs, cached vision features). Fails when pixels stop reaching the model."""
@@ -119,8 +122,8 @@ def test_frames_reach_the_model_through_the_rollout_policy(policy):
     real = _scores(policy, recs)
     empty = _scores(policy, [{**r, "video": blank} for r in recs])
     g = slice(0, N_SAMPLE)
-    print(json.dumps({"real": [real[g].mean(), real[N_SAMPLE:].mean()],
-                      "blank": [empty[g].mean(), empty[N_SAMPLE:].mean()]}))
+    print(json.dumps({"real": [float(real[g].mean()), float(real[N_SAMPLE:].mean())],
+                      "blank": [float(empty[g].mean()), float(empty[N_SAMPLE:].mean())]}))
     # measured: see assets/README.md (shapes-video, "frames reach the model")
     assert real[g].mean() >= empty[g].mean() + 0.25  # grounding mIoU
     assert real[N_SAMPLE:].mean() >= empty[N_SAMPLE:].mean() + 0.25  # QA accuracy

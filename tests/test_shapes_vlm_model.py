@@ -150,17 +150,8 @@ def test_vlm_accuracy_band_on_fixed_test_sample():
     assert 0.25 <= table["all"]["accuracy"] <= 0.6
 
 
-@pytest.fixture(scope="module")
-def video_table():
-    processor, model = _load(VIDEO)
-    return P.evaluate(model, "grounding", "test", VIDEO_N, processor=processor)
-
-
-def test_video_miou_on_fixed_test_sample(video_table):
-    # measured on these 24 clips: format 1.0, mIoU 0.209 (300 test clips: 0.275); the band is 0.15-0.4
-    table = video_table
-    assert table["all"]["format"] >= 0.9
-    assert 0.15 <= table["all"]["miou"] <= 0.4
+# the shipped video model's scores on fixed test samples (real vs blank frames, through the rollout policy) are
+# checked in tests/test_shapes_video_model.py; it is trained by pipelines/shapes/pretrain_video.py
 
 
 def test_cli_pretrain_names_its_choices_and_dispatches_to_a_main(capsys):

@@ -17,6 +17,7 @@ Run: OMP_NUM_THREADS=1 python -m pipelines.shapes.pretrain_video --out assets/sh
 
 import argparse
 import copy
+import functools
 import json
 import math
 import os
@@ -246,6 +247,7 @@ def blind_baselines(train: list[dict[str, Any]], recs: list[dict[str, Any]]) -> 
         by[(r["type"], template(r))].append(r.get("spans") or r.get("answers"))
         by[(r["type"], "")].append(r.get("spans") or r.get("answers"))
 
+    @functools.cache
     def fit(kind, key):
         answers = by.get((kind, key)) or by[(kind, "")]
         if kind == "grounding":
