@@ -259,9 +259,9 @@ def blind_baselines(train: list[dict[str, Any]], recs: list[dict[str, Any]]) -> 
     for name, guess in predictors.items():
         texts = [target_text({**r, "spans": guess(r), "answers": guess(r)}) for r in recs]
         out[name] = score(texts, recs)
-    if any(r["type"] == "grounding" for r in recs):
-        whole = [target_text({**r, "spans": (0.0, r["duration"])}) for r in recs]
-        out["whole_clip"] = score(whole, recs)
+    ground = [r for r in recs if r["type"] == "grounding"]
+    if ground:
+        out["whole_clip"] = score([target_text({**r, "spans": (0.0, r["duration"])}) for r in ground], ground)
         out["constants"] = {k[1] or "all": list(fit("grounding", k[1])) for k in by if k[0] == "grounding"}
     return out
 
