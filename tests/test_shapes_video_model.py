@@ -49,10 +49,10 @@ def test_mean_iou_by_hand():
 
 
 def test_targets_fit_the_recipes_and_get_full_marks():
+    from transformers import AutoProcessor
+
     import rewards
     from pipelines.video import rewards as _  # noqa: F401  registers video_task
-
-    from transformers import AutoProcessor
 
     tok = AutoProcessor.from_pretrained(VIDEO).tokenizer
     recs = [{"type": "grounding", "spans": [6.5, 8.0], "category": "grounding"},
@@ -98,8 +98,8 @@ def policy():
 
 
 def _scores(policy, recs: list[dict]) -> np.ndarray:
-    from pipelines.video import rewards as _  # noqa: F401  registers video_task
     import rewards
+    from pipelines.video import rewards as _  # noqa: F401  registers video_task
 
     out = policy.rollout(recs, 1, list(range(len(recs))))
     assert torch.isfinite(out.old_logp[out.mask]).all()

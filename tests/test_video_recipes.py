@@ -256,7 +256,8 @@ def test_video_r1_recipe_two_steps_on_video_r1_json(cache, tmp_path):
     import numpy as np
 
     from pipelines.shapes.video import write_mp4
-    from pipelines.video.video_r1 import convert, main as convert_main
+    from pipelines.video.video_r1 import convert
+    from pipelines.video.video_r1 import main as convert_main
 
     (tmp_path / "v").mkdir()
     rng = np.random.default_rng(0)

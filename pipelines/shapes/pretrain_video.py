@@ -217,7 +217,7 @@ def evaluate(model: nn.Module, processor, recs: list[dict[str, Any]], *, conditi
     return score(texts, recs)
 
 
-def mean_iou(spans: list, gts: list) -> "np.ndarray":
+def mean_iou(spans: list, gts: list) -> Any:
     """[K] mean temporal IoU of each candidate span (rows of `spans` [K, 2]) over the ground truths `gts` [N, 2]:
     inter / union as rewards.rules.temporal_iou (0 for an empty union), vectorised."""
     import numpy as np

@@ -123,7 +123,7 @@ def linear_probe(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tenso
 
 def _frame_ids(enc: dict[str, Any], rec: dict[str, Any]) -> list[int]:
     fps = rec["num_frames"] / rec["duration"]
-    return [int(round(t * fps)) for t in enc["_timestamps"]]
+    return [round(float(t) * fps) for t in enc["_timestamps"]]
 
 
 def set_records(out: str | Path, split: str) -> list[dict[str, Any]]:
