@@ -48,6 +48,7 @@ _CLI = "the CLI names the pretraining scripts; issue 17 (ShapesWorld package, co
 ALLOWED_UPWARD_EDGES: dict[tuple[str, str], str] = {
     ("mmgrpo.cli", "pipelines.shapes.pretrain_t2i"): _CLI,
     ("mmgrpo.cli", "pipelines.shapes.pretrain_vlm"): _CLI,
+    ("mmgrpo.cli", "pipelines.shapes.pretrain_video"): _CLI,
     ("mmgrpo.cli", "rewards"): _CONTRACT,
     ("mmgrpo.setup", "rewards"): _CONTRACT,
     ("mmgrpo.validate", "rewards"): _CONTRACT,
