@@ -54,9 +54,9 @@ ARMS: dict[str, list[str]] = {
                      "pipeline.kwargs.plan_kwargs={}",
                      "algo.loss_kwargs={beta: 1.0, weighting: adaptive, adv_clip_max: 5.0}"],
     "tree_pruned": ["pipeline.kwargs.plan=tree", "pipeline.kwargs.plan_kwargs={split_steps: [0, 1, 2], prune_depths: [0], width_prune: extremes}"],
-    "pref_winrate": ["rewards=[{name: pairwise, label: winrate, weight: 1.0, kwargs: {base: shapes_geneval, "
-                     "base_kwargs: {mode: partial}}}, {name: shapes_geneval, label: strict, weight: 0.0, "
-                     "kwargs: {mode: strict}}]"],
+    "pref_winrate": [("rewards=[{name: pairwise, label: winrate, weight: 1.0, kwargs: {base: shapes_geneval, "
+                      "base_kwargs: {mode: partial}}}, {name: shapes_geneval, label: strict, weight: 0.0, "
+                      "kwargs: {mode: strict}}]")],
     "group_16": ["sample.group_size=16", "sample.batch_size=128"],
     "sde_steps_2": ["pipeline.kwargs.plan_kwargs={sde_steps: 2, branch_range: [0, 2]}"],
     "strict_reward": ["rewards=" + STRICT],
@@ -85,7 +85,7 @@ def train(run_dir: Path, overrides: list[str], steps: int, every: int, log: Path
            "run.resume=auto", "run.progress=false", "run.report=false", "run.gallery_every=0"]
     t0 = time.perf_counter()
     with log.open("a") as fh:
-        done = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
+        done = subprocess.run(cmd, check=False, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} exited {done.returncode}; see {log}")
     return time.perf_counter() - t0

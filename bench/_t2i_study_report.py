@@ -40,8 +40,9 @@ def _cell(deltas: list[float]) -> str:
 def summary_table(rows: list[dict]) -> str:
     """One line per (arm, steps): seeds, held-out strict and partial (mean, change and seed range)."""
     g = _group(rows)
-    lines = ["| arm | steps | seeds | strict | strict change [seed range] | partial change | worst category "
-             "(strict change) |", "|---|---|---|---|---|---|---|"]
+    header = ("| arm | steps | seeds | strict | strict change [seed range] | partial change | worst category "
+              "(strict change) |")
+    lines = [header, "|---|---|---|---|---|---|---|"]
     for arm, steps in sorted(k for k in g if k[1] > 0):
         at, base = g[(arm, steps)], g.get((arm, 0), {})
         strict = _mean([r["test"]["all"]["strict"] for r in at.values()])
@@ -80,7 +81,7 @@ def monitor_table(rows: list[dict]) -> str:
 
     for arm, steps in sorted(g):
         at = g[(arm, steps)]
-        mon = lambda k: (lambda r: r.get("monitors", {}).get(k))  # noqa: E731
+        mon = lambda k: (lambda r: r.get("monitors", {}).get(k))
         lines.append("| " + " | ".join([
             arm, str(steps), avg(at, lambda r: r["test"]["all"]["strict"]),
             avg(at, lambda r: r["train"]["all"]["strict"] if "train" in r else None),

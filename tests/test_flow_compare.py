@@ -4,10 +4,14 @@ from pipelines.flow.compare import EVAL_OVERRIDES, compare_table, main
 
 
 def test_compare_table_rows_and_changes_in_points():
-    before = {"all": {"strict": 0.25, "partial": 0.5, "total": 0.5, "n": 8},
-              "colors": {"strict": 0.5, "partial": 0.75, "total": 0.75, "n": 4}}
-    after = {"all": {"strict": 0.625, "partial": 0.5, "total": 0.5, "n": 8},
-             "colors": {"strict": 0.25, "partial": 1.0, "total": 1.0, "n": 4}}
+    before = {
+        "all": {"strict": 0.25, "partial": 0.5, "total": 0.5, "n": 8},
+        "colors": {"strict": 0.5, "partial": 0.75, "total": 0.75, "n": 4},
+    }
+    after = {
+        "all": {"strict": 0.625, "partial": 0.5, "total": 0.5, "n": 8},
+        "colors": {"strict": 0.25, "partial": 1.0, "total": 1.0, "n": 4},
+    }
     lines = compare_table(before, after, ["strict", "partial"]).splitlines()
     assert lines[0].split()[:2] == ["category", "n"]
     # all: strict 0.25 -> 0.625 is +37.5 points, partial unchanged; colors: strict -25.0, partial +25.0

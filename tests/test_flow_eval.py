@@ -20,18 +20,31 @@ def _policy(path, **kw):
     return tiny_task(path, guidance_scale=2.0, **kw)
 
 
-@pytest.mark.parametrize("train_kw", [
-    {"plan": "tree", "plan_kwargs": {"split_steps": [0, 2]}, "same_noise_per_group": True, "noise_level": 0.7},
-    {"plan": "fast", "plan_kwargs": {"sde_steps": 1}, "sde": "dance", "noise_level": 0.3},
-    {"objective": "nft", "same_noise_per_group": True}])
+@pytest.mark.parametrize(
+    "train_kw",
+    [
+        {"plan": "tree", "plan_kwargs": {"split_steps": [0, 2]}, "same_noise_per_group": True, "noise_level": 0.7},
+        {"plan": "fast", "plan_kwargs": {"sde_steps": 1}, "sde": "dance", "noise_level": 0.3},
+        {"objective": "nft", "same_noise_per_group": True},
+    ],
+)
 def test_evaluation_rollout_is_compare_sampling(tiny_sd3, train_kw):
     task = _policy(tiny_sd3, **train_kw)
     pol = task.policy
     pol.for_evaluation()
     ro = pol.rollout(PROMPTS, 4, [5, 6])
     # what compare's overrides build: noise_level 0, independent plan training every step, objective grpo
-    ref = _policy(tiny_sd3, **{**train_kw, "noise_level": 0.0, "plan": "independent", "plan_kwargs": {"train": "all"},
-                           "objective": "grpo", "same_noise_per_group": False}).policy
+    ref = _policy(
+        tiny_sd3,
+        **{
+            **train_kw,
+            "noise_level": 0.0,
+            "plan": "independent",
+            "plan_kwargs": {"train": "all"},
+            "objective": "grpo",
+            "same_noise_per_group": False,
+        },
+    ).policy
     want = ref.rollout(PROMPTS, 4, [5, 6])
     for a, b in zip(ro.samples, want.samples):
         assert torch.equal(a, b)
@@ -52,12 +65,22 @@ def test_evaluation_rollout_is_compare_sampling(tiny_sd3, train_kw):
 def test_mmgrpo_eval_of_a_tree_recipe_equals_compare(tmp_path, monkeypatch):
     # evaluate() calls for_evaluation: a BranchGRPO recipe evaluated as is scores exactly as with compare's overrides
     monkeypatch.setenv("MMGRPO_CACHE", str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "mmgrpo"))
-    over = [f"run.output_dir={tmp_path}", "run.device=cpu", "run.mixed_precision=no", "pipeline.kwargs.model=tiny:flux",
-            "pipeline.kwargs.data=null", "pipeline.kwargs.prompts=[a red circle, a blue square]",
-            "pipeline.kwargs.resolution=32", "pipeline.kwargs.num_steps=4", "pipeline.kwargs.max_sequence_length=8",
-            "pipeline.kwargs.torch_dtype=null", "pipeline.kwargs.gradient_checkpointing=false",
-            "pipeline.kwargs.plan_kwargs={split_steps: [0, 2], fanout: 2}", "sample.group_size=4",
-            "rewards=[{name: jpeg_compressibility}]"]
+    over = [
+        f"run.output_dir={tmp_path}",
+        "run.device=cpu",
+        "run.mixed_precision=no",
+        "pipeline.kwargs.model=tiny:flux",
+        "pipeline.kwargs.data=null",
+        "pipeline.kwargs.prompts=[a red circle, a blue square]",
+        "pipeline.kwargs.resolution=32",
+        "pipeline.kwargs.num_steps=4",
+        "pipeline.kwargs.max_sequence_length=8",
+        "pipeline.kwargs.torch_dtype=null",
+        "pipeline.kwargs.gradient_checkpointing=false",
+        "pipeline.kwargs.plan_kwargs={split_steps: [0, 2], fanout: 2}",
+        "sample.group_size=4",
+        "rewards=[{name: jpeg_compressibility}]",
+    ]
     recipe = "configs/flow/flux_branchgrpo.yaml"
     as_trained = evaluate(load_config(recipe, over), "none", group_size=4)
     as_compare = evaluate(load_config(recipe, [*over, *EVAL_OVERRIDES]), "none", group_size=4)

@@ -28,8 +28,9 @@ def _run(plan, seeds, calls=None):
             calls.append(s.clone())
         return _velocity(x, s, p, cond)
 
-    return P.execute(plan, seeds=seeds, shape=(2, 3), sigmas=SIG, trained=trained, velocity=velocity,
-                     step=sde.step, noise_level=0.7)
+    return P.execute(
+        plan, seeds=seeds, shape=(2, 3), sigmas=SIG, trained=trained, velocity=velocity, step=sde.step, noise_level=0.7
+    )
 
 
 def test_completion_paths_end_at_sigma_zero():
@@ -54,8 +55,16 @@ def test_granularity_leaves_and_checks():
     with pytest.raises(ValueError, match="width_prune"):
         P.RolloutPlan(KINDS, branches={1: 2}, granularities=(1, 2), width_prune="extremes").check()
     with pytest.raises(ValueError, match="split step 1"):  # the tail has no log-prob to train
-        P.execute(plan, seeds=[1], shape=(2, 3), sigmas=SIG, trained=torch.ones(9, T, dtype=torch.bool),
-                  velocity=lambda x, s, p: x, step=sde.step, noise_level=0.7)
+        P.execute(
+            plan,
+            seeds=[1],
+            shape=(2, 3),
+            sigmas=SIG,
+            trained=torch.ones(9, T, dtype=torch.bool),
+            velocity=lambda x, s, p: x,
+            step=sde.step,
+            noise_level=0.7,
+        )
 
 
 def test_granularities_equal_each_stride_run_alone_and_by_hand():
@@ -64,8 +73,11 @@ def test_granularities_equal_each_stride_run_alone_and_by_hand():
     assert both.final.shape == (2 * 9, 2, 3) and both.steps.tolist() == [[1]] * 18
     for j, s in enumerate(strides):
         alone = _run(P.RolloutPlan(KINDS, roots=1, branches={1: 3}, granularities=(s,)), seeds)
-        for a, b in [(both.final[j::3], alone.final), (both.x_next[j::3], alone.x_next),
-                     (both.logp[j::3], alone.logp)]:
+        for a, b in [
+            (both.final[j::3], alone.final),
+            (both.x_next[j::3], alone.x_next),
+            (both.logp[j::3], alone.logp),
+        ]:
             torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
         # by hand: Euler steps x += (sigma_next - sigma) v along the stride's sigma indices from the SDE step's output
         x = both.x_next[j::3, 0].clone()  # [6, 2, 3] at sigma index 2
@@ -107,9 +119,14 @@ def test_granular_advantages_by_hand():
     # Prompt 1: j = 0: r = [0, 0, 1] mean 1/3, std sqrt((1/9 + 1/9 + 4/9) / 2) = 0.5773503 -> [-.57735, -.57735, 1.1547]
     #   j = 1: all 0.7, std 0 < 1e-6 -> contributes 0
     r = torch.tensor([[1.0, 0.5, 2.0, 0.5, 3.0, 2.0], [0.0, 0.7, 0.0, 0.7, 1.0, 0.7]], dtype=torch.float64)
-    s1, s3 = 0.75 ** 0.5, (1 / 3) ** 0.5
-    want = torch.tensor([[-1 / (1 + 1e-8) - 0.5 / (s1 + 1e-8), -0.5 / (s1 + 1e-8), 1 / (1 + 1e-8) + 1 / (s1 + 1e-8)],
-                         [-(1 / 3) / (s3 + 1e-8), -(1 / 3) / (s3 + 1e-8), (2 / 3) / (s3 + 1e-8)]], dtype=torch.float64)
+    s1, s3 = 0.75**0.5, (1 / 3) ** 0.5
+    want = torch.tensor(
+        [
+            [-1 / (1 + 1e-8) - 0.5 / (s1 + 1e-8), -0.5 / (s1 + 1e-8), 1 / (1 + 1e-8) + 1 / (s1 + 1e-8)],
+            [-(1 / 3) / (s3 + 1e-8), -(1 / 3) / (s3 + 1e-8), (2 / 3) / (s3 + 1e-8)],
+        ],
+        dtype=torch.float64,
+    )
     got = P.granular_advantages(r, 2)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
     assert got[0].tolist() == pytest.approx([-1.5773502525, -0.5773502625, 2.1547005150], abs=1e-9)
@@ -129,8 +146,15 @@ def test_granular_advantages_by_hand():
 
 
 def _plan(**kw):
-    base = {"num_steps": T, "group_size": 6, "sde": "flow_grpo", "iteration": 1, "same_noise": False, "seeds": [1, 2],
-            "branch_steps": [0, 2]}
+    base = {
+        "num_steps": T,
+        "group_size": 6,
+        "sde": "flow_grpo",
+        "iteration": 1,
+        "same_noise": False,
+        "seeds": [1, 2],
+        "branch_steps": [0, 2],
+    }
     base.update(kw)
     return P.make_plan("singular", **base)
 
@@ -163,9 +187,19 @@ def test_policy_ratio_one_credit_once_and_member_advantages(tiny):
     from pipelines.flow.build import build_flow
 
     torch.manual_seed(0)
-    task = build_flow(seed=0, device=torch.device("cpu"), model=tiny, prompts=["a red circle", "a blue square"],
-                      resolution=32, num_steps=4, max_sequence_length=8, lora_rank=4, guidance_scale=3.0,
-                      plan="singular", plan_kwargs={"branch_steps": [1], "granularities": [1, 2]})
+    task = build_flow(
+        seed=0,
+        device=torch.device("cpu"),
+        model=tiny,
+        prompts=["a red circle", "a blue square"],
+        resolution=32,
+        num_steps=4,
+        max_sequence_length=8,
+        lora_rank=4,
+        guidance_scale=3.0,
+        plan="singular",
+        plan_kwargs={"branch_steps": [1], "granularities": [1, 2]},
+    )
     pol = task.policy
     assert pol.wants_step_advantages
     r = pol.rollout([{"prompt": "a red circle"}, {"prompt": "a blue square"}], 4, [3, 4])  # 2 members x 2 strides
@@ -188,8 +222,21 @@ def test_granularities_on_another_plan_fail_at_build():
     from pipelines.flow.build import build_flow
 
     with pytest.raises(UserError, match="'tree' takes no keyword 'granularities'"):
-        build_flow(seed=0, device=torch.device("cpu"), model="tiny:sd3", prompts=["a cat"], plan="tree",
-                   plan_kwargs={"granularities": [1, 2]})
+        build_flow(
+            seed=0,
+            device=torch.device("cpu"),
+            model="tiny:sd3",
+            prompts=["a cat"],
+            plan="tree",
+            plan_kwargs={"granularities": [1, 2]},
+        )
     with pytest.raises(UserError, match="objective nft trains no SDE step"):
-        build_flow(seed=0, device=torch.device("cpu"), model="tiny:sd3", prompts=["a cat"], plan="singular",
-                   plan_kwargs={"granularities": [1, 2]}, objective="nft")
+        build_flow(
+            seed=0,
+            device=torch.device("cpu"),
+            model="tiny:sd3",
+            prompts=["a cat"],
+            plan="singular",
+            plan_kwargs={"granularities": [1, 2]},
+            objective="nft",
+        )

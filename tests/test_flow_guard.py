@@ -40,8 +40,9 @@ def test_ratio_norm_passes_exact_inputs_and_equals_eps_dot_mean_shift(tiny_sd3):
     assert set(kw) == {"std", "mean_sq_dist", "k_offset"} and kw["k_offset"] == 0
     # before any update the means are the stored ones: d2 = 0 and the normalised log-ratio is exactly 0
     assert float(kw["mean_sq_dist"].detach().abs().max()) < 1e-10
-    want_std = sde.step_std("flow_grpo", r.extras["sigma"].reshape(-1), r.extras["sigma_next"].reshape(-1),
-                            noise_level=0.7).view(n, k)
+    want_std = sde.step_std(
+        "flow_grpo", r.extras["sigma"].reshape(-1), r.extras["sigma_next"].reshape(-1), noise_level=0.7
+    ).view(n, k)
     torch.testing.assert_close(kw["std"].double(), want_std, rtol=1e-6, atol=0)
     _nudge_lora(module)
     lp, aux = pol.logp(module, r, torch.arange(n))
@@ -49,8 +50,9 @@ def test_ratio_norm_passes_exact_inputs_and_equals_eps_dot_mean_shift(tiny_sd3):
     assert kw["mean_sq_dist"].requires_grad and float(kw["mean_sq_dist"].detach().min()) > 0
     # identity (working): with x' = mu_old + s eps, s (logp - old_logp) + d2 / (2 s)
     #   = [(x' - mu_old)^2 - (x' - mu)^2 + (mu - mu_old)^2] / (2 s) (element mean) = mean_d eps (mu - mu_old)
-    log_r = guard_log_ratio(lp.double(), r.old_logp.double(), r.mask, std=kw["std"].double(),
-                            mean_sq_dist=kw["mean_sq_dist"].double())
+    log_r = guard_log_ratio(
+        lp.double(), r.old_logp.double(), r.mask, std=kw["std"].double(), mean_sq_dist=kw["mean_sq_dist"].double()
+    )
     out, _, _ = pol._score(module, r, torch.arange(n), slice(None))
     mu_old = r.extras["old_mean"].reshape(out.mean.shape).double()
     s = out.std.double().view(-1, *([1] * (out.mean.dim() - 1)))
@@ -70,23 +72,31 @@ def test_guard_step_weights_switch_scales_the_loss_by_one_over_dt(tiny_sd3):
     torch.testing.assert_close(kw["weight"].double(), 1 / dt, rtol=1e-6, atol=0)
     adv = torch.linspace(-1, 1, n)
     weighted, _ = losses.compute("guard_clipped", lp, r.old_logp, adv, r.mask, **kw)
-    plain, _ = losses.compute("guard_clipped", lp, r.old_logp, adv, r.mask,
-                              **{key: v for key, v in kw.items() if key != "weight"})
+    plain, _ = losses.compute(
+        "guard_clipped", lp, r.old_logp, adv, r.mask, **{key: v for key, v in kw.items() if key != "weight"}
+    )
     torch.testing.assert_close(weighted.double(), plain.double() / dt, rtol=1e-5, atol=1e-12)
     # a k-chunk gets the weights of its own steps
     lp1, aux1 = pol.logp(module, r, torch.arange(n), k_slice=slice(1, 2))
     torch.testing.assert_close(aux1["loss_kwargs"]["weight"], kw["weight"][:, 1:2])
     # the loss logs its per-step monitor of the normalised ratio r_hat (what it clips), keyed by the true step
     _, metrics = losses.compute("guard_clipped", lp, r.old_logp, adv, r.mask, **kw)
-    log_r = guard_log_ratio(lp.detach().double(), r.old_logp.double(), r.mask, std=kw["std"].double(),
-                            mean_sq_dist=kw["mean_sq_dist"].detach().double())
+    log_r = guard_log_ratio(
+        lp.detach().double(),
+        r.old_logp.double(),
+        r.mask,
+        std=kw["std"].double(),
+        mean_sq_dist=kw["mean_sq_dist"].detach().double(),
+    )
     for j in range(k):
-        torch.testing.assert_close(metrics[f"guard/ratio/k{j}/mean"].double(), log_r[:, j].exp().mean(),
-                                   rtol=1e-5, atol=0)
+        torch.testing.assert_close(
+            metrics[f"guard/ratio/k{j}/mean"].double(), log_r[:, j].exp().mean(), rtol=1e-5, atol=0
+        )
         assert f"guard/ratio/k{j}/clip_upper" in metrics and f"guard/ratio/k{j}/clip_lower" in metrics
     _, m1 = losses.compute("guard_clipped", lp1, r.old_logp[:, 1:2], adv, r.mask[:, 1:2], **aux1["loss_kwargs"])
-    assert {key for key in m1 if key.startswith("guard/ratio/")} == {f"guard/ratio/k1/{x}" for x in
-                                                                     ("mean", "std", "clip_upper", "clip_lower")}
+    assert {key for key in m1 if key.startswith("guard/ratio/")} == {
+        f"guard/ratio/k1/{x}" for x in ("mean", "std", "clip_upper", "clip_lower")
+    }
 
 
 def test_noise_aware_and_normalized_weights_follow_the_schedule(tiny_sd3):
@@ -107,8 +117,9 @@ def test_noise_aware_and_normalized_weights_follow_the_schedule(tiny_sd3):
     r2 = pol2.rollout(PROMPTS, 2, [3, 4])
     _, aux2 = pol2.logp(module2, r2, torch.arange(n))
     table = 1 / (s - s_next)
-    torch.testing.assert_close(aux2["loss_kwargs"]["weight"].double(), (table / table.mean())[r2.extras["step"]],
-                               rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        aux2["loss_kwargs"]["weight"].double(), (table / table.mean())[r2.extras["step"]], rtol=1e-6, atol=0
+    )
 
 
 def test_plain_policy_passes_no_loss_kwargs(tiny_sd3):
@@ -119,8 +130,9 @@ def test_plain_policy_passes_no_loss_kwargs(tiny_sd3):
     assert "loss_kwargs" not in aux
 
 
-@pytest.mark.parametrize("kw,match", [({"step_weights": "dt"}, "step_weights"),
-                                      ({"objective": "nft", "ratio_norm": True}, "ratio_norm")])
+@pytest.mark.parametrize(
+    "kw,match", [({"step_weights": "dt"}, "step_weights"), ({"objective": "nft", "ratio_norm": True}, "ratio_norm")]
+)
 def test_guard_switches_are_validated(tiny_sd3, kw, match):
     with pytest.raises(UserError, match=match):
         _policy(tiny_sd3, **kw)

@@ -37,8 +37,9 @@ def latent_mean(monkeypatch):
         assert all(tuple(s.shape) == (4, 16, 16) for s in samples), "latents [C, h, w] expected, not pixels"
         return [float(s.float().mean()) for s in samples]
 
-    REWARDS.register("test_latent_mean", lambda: FunctionReward(score, name="test_latent_mean", input="latent"),
-                     input="latent")
+    REWARDS.register(
+        "test_latent_mean", lambda: FunctionReward(score, name="test_latent_mean", input="latent"), input="latent"
+    )
     return "test_latent_mean"
 
 
@@ -67,9 +68,19 @@ def rollout_decodes(monkeypatch):
 
 def _build(path, **kw):
     torch.manual_seed(0)
-    return build_flow(seed=0, device=torch.device("cpu"), model=path, prompts=[r["prompt"] for r in RECORDS],
-                      resolution=32, num_steps=3, max_sequence_length=8, lora_rank=4, guidance_scale=1.0,
-                      same_noise_per_group=True, **kw)
+    return build_flow(
+        seed=0,
+        device=torch.device("cpu"),
+        model=path,
+        prompts=[r["prompt"] for r in RECORDS],
+        resolution=32,
+        num_steps=3,
+        max_sequence_length=8,
+        lora_rank=4,
+        guidance_scale=1.0,
+        same_noise_per_group=True,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("kind", ["sd3", "flux"])
@@ -103,13 +114,22 @@ def test_reward_inputs_are_checked(tiny):
         pol.set_reward_inputs(["latent", "image"])
 
 
-def test_grpo_trains_on_a_latent_reward_without_decoding_rollouts(tmp_path, latent_mean, rollout_decodes,
-                                                                   monkeypatch):
+def test_grpo_trains_on_a_latent_reward_without_decoding_rollouts(tmp_path, latent_mean, rollout_decodes, monkeypatch):
     monkeypatch.setenv("MMGRPO_CACHE", str(ROOT / ".pytest_cache" / "mmgrpo"))
-    cfg = load_config(ROOT / "configs" / "flow" / "sd3_tiny_cpu.yaml", [
-        f"run.output_dir={tmp_path}", "run.steps=2", "run.progress=false", "run.report=false", "run.device=cpu",
-        "run.checkpoint_every=0", "pipeline.kwargs.num_steps=3",
-        f"rewards=[{{name: {latent_mean}}}]", "optim.lr=1e-2"])
+    cfg = load_config(
+        ROOT / "configs" / "flow" / "sd3_tiny_cpu.yaml",
+        [
+            f"run.output_dir={tmp_path}",
+            "run.steps=2",
+            "run.progress=false",
+            "run.report=false",
+            "run.device=cpu",
+            "run.checkpoint_every=0",
+            "pipeline.kwargs.num_steps=3",
+            f"rewards=[{{name: {latent_mean}}}]",
+            "optim.lr=1e-2",
+        ],
+    )
     train(cfg)  # no pipeline.kwargs.reward_inputs: the engine tells the policy what the rewards read
     assert rollout_decodes["decoded"] == 0
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]

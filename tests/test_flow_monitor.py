@@ -19,12 +19,20 @@ def test_per_element_monitor_golden():
     m = torch.tensor([[True, True, False], [True, True, False], [True, False, False]])
     full = _per_element(old + r.log(), old, m, 4, clip_low=0.2, clip_high=0.28)  # {key: (value, present)}
     out = {k: v for k, (v, present) in full.items() if present}
-    assert sorted(full) == sorted(f"ratio/k{k}{s}" for k in (4, 5, 6) for s in ("", "/std", "/clip_upper",
-                                                                                 "/clip_lower"))
+    assert sorted(full) == sorted(
+        f"ratio/k{k}{s}" for k in (4, 5, 6) for s in ("", "/std", "/clip_upper", "/clip_lower")
+    )
     assert sorted(out) == sorted(f"ratio/k{k}{s}" for k in (4, 5) for s in ("", "/std", "/clip_upper", "/clip_lower"))
-    want = {"ratio/k4": 1.0, "ratio/k4/std": math.sqrt(0.06), "ratio/k4/clip_upper": 1 / 3,
-            "ratio/k4/clip_lower": 1 / 3, "ratio/k5": 1.0, "ratio/k5/std": 0.1, "ratio/k5/clip_upper": 0.0,
-            "ratio/k5/clip_lower": 0.0}
+    want = {
+        "ratio/k4": 1.0,
+        "ratio/k4/std": math.sqrt(0.06),
+        "ratio/k4/clip_upper": 1 / 3,
+        "ratio/k4/clip_lower": 1 / 3,
+        "ratio/k5": 1.0,
+        "ratio/k5/std": 0.1,
+        "ratio/k5/clip_upper": 0.0,
+        "ratio/k5/clip_lower": 0.0,
+    }
     for key, val in want.items():
         assert abs(float(out[key]) - val) < 1e-12, (key, float(out[key]), val)
 

@@ -42,8 +42,10 @@ def test_guard_log_ratio_exact_golden():
 def test_guard_log_ratio_fallback_centres_each_step_over_unmasked_samples():
     # d = [[1, 2], [3, 6]]: column means [2, 4] -> [[-1, -2], [1, 2]]
     d = t([[1.0, 2.0], [3.0, 6.0]])
-    assert_close(guard_log_ratio(d, torch.zeros(2, 2, dtype=F64), torch.ones(2, 2, dtype=torch.bool)),
-                 t([[-1.0, -2.0], [1.0, 2.0]]))
+    assert_close(
+        guard_log_ratio(d, torch.zeros(2, 2, dtype=F64), torch.ones(2, 2, dtype=torch.bool)),
+        t([[-1.0, -2.0], [1.0, 2.0]]),
+    )
     # row 1 of column 0 masked: centre 1 from row 0 alone -> [[0, -2], [0 (masked), 2]]
     mask = t([[True, True], [False, True]], torch.bool)
     assert_close(guard_log_ratio(d, torch.zeros(2, 2, dtype=F64), mask), t([[0.0, -2.0], [0.0, 2.0]]))
@@ -62,8 +64,13 @@ def test_guard_normalised_log_ratio_has_zero_mean_under_the_rollout_noise():
         old = step("flow_grpo", x, v_old, s, s_next, noise_level=0.7, generator=torch.Generator().manual_seed(1))
         new = step("flow_grpo", x, v_new, s, s_next, noise_level=0.7, prev_sample=old.prev_sample)
         d2 = ((new.mean - old.mean) ** 2).mean(-1)  # [N]
-        lr = guard_log_ratio(new.logp[:, None], old.logp[:, None], torch.ones(n, 1, dtype=torch.bool),
-                             std=old.std[:, None], mean_sq_dist=d2[:, None])[:, 0]  # [N]
+        lr = guard_log_ratio(
+            new.logp[:, None],
+            old.logp[:, None],
+            torch.ones(n, 1, dtype=torch.bool),
+            std=old.std[:, None],
+            mean_sq_dist=d2[:, None],
+        )[:, 0]  # [N]
         eps = (old.prev_sample - old.mean) / old.std[:, None]
         assert_close(lr, (eps * (new.mean - old.mean)).mean(-1))  # the closed form
         raw.append(new.logp - old.logp)
@@ -89,8 +96,15 @@ def test_guard_clipped_golden_with_weight_and_gradient():
     # fallback centring: d = [0.2, -0.2] has mean 0 -> log r_hat = d, r_hat = [e^0.2 = 1.2214, e^-0.2 = 0.8187]
     # clip 0.1 -> [0.9, 1.1]; A = [1, 1]: loss = -min(r, clip(r)) = [-1.1, -0.8187]; weight 2 -> [-2.2, -1.6375]
     logp = t([[0.2], [-0.2]]).requires_grad_()
-    loss, m = guard_clipped(logp, torch.zeros(2, 1, dtype=F64), t([1.0, 1.0]), torch.ones(2, 1, dtype=torch.bool),
-                            clip_low=0.1, clip_high=0.1, weight=t([2.0]))
+    loss, m = guard_clipped(
+        logp,
+        torch.zeros(2, 1, dtype=F64),
+        t([1.0, 1.0]),
+        torch.ones(2, 1, dtype=torch.bool),
+        clip_low=0.1,
+        clip_high=0.1,
+        weight=t([2.0]),
+    )
     assert_close(loss, t([[-2.2], [-2.0 * math.exp(-0.2)]]))
     assert_close(m["clip/upper_frac"], t(0.5))
     assert_close(m["guard/raw_log_ratio_mean"], t(0.0))
@@ -102,8 +116,9 @@ def test_guard_clipped_golden_with_weight_and_gradient():
 def test_guard_clipped_is_registered_and_runs_through_losses_compute():
     assert "guard_clipped" in losses.POLICY_LOSSES
     logp = torch.zeros(3, 2)
-    loss, m = losses.compute("guard_clipped", logp, logp, torch.ones(3), torch.ones(3, 2, dtype=torch.bool),
-                             clip_low=2e-6, clip_high=2e-6)
+    loss, m = losses.compute(
+        "guard_clipped", logp, logp, torch.ones(3), torch.ones(3, 2, dtype=torch.bool), clip_low=2e-6, clip_high=2e-6
+    )
     assert_close(loss, -torch.ones(3, 2))  # ratio exactly 1 before the first update
     assert m["ratio/mean"] == 1
     with pytest.raises(ValueError, match="weight"):
@@ -221,9 +236,19 @@ def test_nft_policy_loss_maps_advantages_masks_and_needs_the_flow_inputs():
     # the second sample is masked out -> [1.25, 0]
     v = t(V).view(2, 1, 2)
     mask = torch.tensor([[True], [False]])
-    loss, m = losses.compute("nft", torch.zeros(2, 1), torch.zeros(2, 1), t([5.0, -2.5]), mask, velocity=v,
-                             old_velocity=t(V_OLD).view(2, 1, 2), target=t(TARGET).view(2, 1, 2),
-                             t=t([[0.5], [1.0]]), beta=0.5, weighting="velocity")
+    loss, m = losses.compute(
+        "nft",
+        torch.zeros(2, 1),
+        torch.zeros(2, 1),
+        t([5.0, -2.5]),
+        mask,
+        velocity=v,
+        old_velocity=t(V_OLD).view(2, 1, 2),
+        target=t(TARGET).view(2, 1, 2),
+        t=t([[0.5], [1.0]]),
+        beta=0.5,
+        weighting="velocity",
+    )
     assert_close(loss, t([[1.25], [0.0]]))
     assert_close(m["nft/r_mean"], t(1.0))
     with pytest.raises(ValueError, match="objective=nft"):

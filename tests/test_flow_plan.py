@@ -21,16 +21,28 @@ def _run(plan, seeds, trained=None):
     n = len(seeds) * plan.group_size
     trained = torch.ones(n, T, dtype=torch.bool) if trained is None else trained
     cond = torch.tensor(seeds, dtype=torch.float32)  # conditioning follows the prompt, not its batch position
-    return P.execute(plan, seeds=seeds, shape=(2, 3), sigmas=SIG, trained=trained,
-                     velocity=lambda x, s, p: _velocity(x, s, p, cond), step=sde.step, noise_level=0.7)
+    return P.execute(
+        plan,
+        seeds=seeds,
+        shape=(2, 3),
+        sigmas=SIG,
+        trained=trained,
+        velocity=lambda x, s, p: _velocity(x, s, p, cond),
+        step=sde.step,
+        noise_level=0.7,
+    )
 
 
 def test_tree_without_branching_equals_independent_rollouts():
     kinds = ("flow_grpo",) * T
     indep = _run(P.RolloutPlan(kinds, roots=4), [11, 12])
     chain = _run(P.RolloutPlan(kinds, roots=4, branches={1: 1, 3: 1}), [11, 12])  # fan-out 1 everywhere: a chain
-    for a, b in [(indep.final, chain.final), (indep.x_t, chain.x_t), (indep.x_next, chain.x_next),
-                 (indep.logp, chain.logp)]:
+    for a, b in [
+        (indep.final, chain.final),
+        (indep.x_t, chain.x_t),
+        (indep.x_next, chain.x_next),
+        (indep.logp, chain.logp),
+    ]:
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert indep.nfe == chain.nfe == 2 * 4 * T
 
@@ -59,8 +71,7 @@ def test_stored_transitions_rescore_to_ratio_one():
     x, xn = res.x_t.reshape(n * k, 2, 3), res.x_next.reshape(n * k, 2, 3)
     prompt = torch.zeros(n * k, dtype=torch.long)
     v = _velocity(x, s, prompt, torch.tensor([1.0]))  # the same conditioning as at rollout (seed 1)
-    again = sde.step("flow_grpo", x, v, s, SIG[res.steps + 1].reshape(-1), noise_level=0.7,
-                     prev_sample=xn)
+    again = sde.step("flow_grpo", x, v, s, SIG[res.steps + 1].reshape(-1), noise_level=0.7, prev_sample=xn)
     torch.testing.assert_close(again.logp.view(n, k), res.logp, rtol=0, atol=1e-6)
 
 
@@ -101,13 +112,22 @@ def test_same_noise_window_shares_the_ode_prefix():
     # MixGRPO with one noise per group: steps 0-1 are ODE from the same noise, so the group splits at step 2 (its
     # first SDE step) and the prefix runs once per prompt; step 2's velocity is shared too (the members differ only by
     # their step-2 noise): 3 + 4 * 3 = 15 calls per prompt, not 6 * 4 = 24
-    plan, trained = _plan("independent", train="window", window_size=2, window_every=3, iteration=7, same_noise=True,
-                          num_steps=T + 2)
+    plan, trained = _plan(
+        "independent", train="window", window_size=2, window_every=3, iteration=7, same_noise=True, num_steps=T + 2
+    )
     assert plan.branches == {2: 4} and plan.roots == 1
     assert P.count_nfe(plan, 2) == 2 * (3 + 4 * 3)
     sig = sde.sigmas(T + 2, 3.0)
-    res = P.execute(plan, seeds=[1, 2], shape=(2, 3), sigmas=sig, trained=trained, velocity=_velocity,
-                    step=sde.step, noise_level=0.7)
+    res = P.execute(
+        plan,
+        seeds=[1, 2],
+        shape=(2, 3),
+        sigmas=sig,
+        trained=trained,
+        velocity=_velocity,
+        step=sde.step,
+        noise_level=0.7,
+    )
     assert res.nfe == 30
     x_in = res.x_t[:, 0]  # [N, 2, 3] latents entering step 2: one per prompt, shared by its 4 members
     assert torch.equal(x_in[:4], x_in[:1].expand(4, 2, 3)) and not torch.equal(x_in[0], x_in[4])
@@ -119,22 +139,36 @@ def test_same_noise_window_equals_the_unshared_computation():
     # of the prompt's initial noise; member j's SDE noise at step t from its own generator mix_seed(seed, t + 1, j),
     # the key the executor gives child j of the split) and get the same leaves, transitions and log-probs
     g, t_total, seeds = 4, T + 2, [1, 2]
-    plan, trained = _plan("independent", train="window", window_size=2, window_every=3, iteration=7, same_noise=True,
-                          num_steps=t_total)  # ODE 0-1, SDE 2-3, ODE 4-5
+    plan, trained = _plan(
+        "independent", train="window", window_size=2, window_every=3, iteration=7, same_noise=True, num_steps=t_total
+    )  # ODE 0-1, SDE 2-3, ODE 4-5
     sig = sde.sigmas(t_total, 3.0).double()
     vel = lambda x, s, p: torch.tanh(1.3 * x) - s.view(-1, 1, 1) * x + 0.1 * p.view(-1, 1, 1)  # nonlinear in x
-    res = P.execute(plan, seeds=seeds, shape=(2, 3), sigmas=sig, trained=trained, velocity=vel, step=sde.step,
-                    noise_level=0.7, dtype=torch.float64)
+    res = P.execute(
+        plan,
+        seeds=seeds,
+        shape=(2, 3),
+        sigmas=sig,
+        trained=trained,
+        velocity=vel,
+        step=sde.step,
+        noise_level=0.7,
+        dtype=torch.float64,
+    )
     for b, seed in enumerate(seeds):
         x0 = torch.randn((2, 3), generator=torch.Generator().manual_seed(P.mix_seed(seed, 0, 0)))
         x = x0.double().expand(g, 2, 3).clone()  # [G, 2, 3] every member from the prompt's one noise
         rows = slice(b * g, (b + 1) * g)
         for t in range(t_total):
             v = vel(x, sig[t].expand(g), torch.full((g,), b))
-            gens = None if plan.kinds[t] == "ode" else [
-                torch.Generator().manual_seed(P.mix_seed(seed, t + 1, j)) for j in range(g)]
-            out = sde.step(plan.kinds[t], x, v, sig[t].expand(g), sig[t + 1].expand(g), noise_level=0.7,
-                           generator=gens)
+            gens = (
+                None
+                if plan.kinds[t] == "ode"
+                else [torch.Generator().manual_seed(P.mix_seed(seed, t + 1, j)) for j in range(g)]
+            )
+            out = sde.step(
+                plan.kinds[t], x, v, sig[t].expand(g), sig[t + 1].expand(g), noise_level=0.7, generator=gens
+            )
             if t in (2, 3):
                 torch.testing.assert_close(res.x_t[rows, t - 2], x, rtol=0, atol=0)
                 torch.testing.assert_close(res.x_next[rows, t - 2], out.prev_sample, rtol=0, atol=0)
@@ -157,7 +191,7 @@ def test_fast_and_singular_plans():
     s = plan.kinds.index("flow_grpo")
     assert 1 <= s <= 3 and plan.kinds[s + 1] == "flow_grpo" and plan.kinds.count("flow_grpo") == 2
     assert plan.branches == {s: 4} and plan.roots == 1
-    assert trained[:, s:s + 2].all() and trained.sum(1).eq(2).all()
+    assert trained[:, s : s + 2].all() and trained.sum(1).eq(2).all()
     plan, trained = _plan("singular", branch_steps=[0, 2, 4], iteration=4)  # 4 % 3 = 1 -> step 2
     assert plan.kinds == ("ode", "ode", "flow_grpo", "ode", "ode", "ode") and plan.branches == {2: 4}
     assert trained[:, 2].all() and trained.sum() == 8
@@ -217,8 +251,16 @@ def test_width_pruning_by_hand_on_a_small_tree():
     mask = P.width_prune_mask(plan, r, trained)
     assert mask.tolist() == [[False] * 4, [True] * 4, [False] * 4, [True] * 4]
     # surviving edges: shared depth-1 nodes 0 and 1 at steps 0, 1 (each via one kept leaf), leaves 1 and 3 at 2, 3
-    assert P.trained_edges(plan, steps, mask, 4) == {(0, 0, 0), (0, 1, 0), (0, 0, 1), (0, 1, 1),
-                                                     (0, 2, 1), (0, 3, 1), (0, 2, 3), (0, 3, 3)}
+    assert P.trained_edges(plan, steps, mask, 4) == {
+        (0, 0, 0),
+        (0, 1, 0),
+        (0, 0, 1),
+        (0, 1, 1),
+        (0, 2, 1),
+        (0, 3, 1),
+        (0, 2, 3),
+        (0, 3, 3),
+    }
     # unpruned: 2 + 2 shared prefix edges + 4 * 2 leaf edges = 12 distinct transitions; pruned: 8
     assert len(P.trained_edges(plan, steps, trained, 4)) == 12
     # extremes, one per side: worst leaf 0 (r=1) and best leaf 3 (r=5); their prefixes are nodes 0 and 1
@@ -275,24 +317,34 @@ def test_policy_masks_pruned_leaves_when_advantages_are_computed():
     torch.testing.assert_close(adv[:, 1], torch.tensor([-0.70711, -0.70711, 0.70711, 0.70711]), rtol=0, atol=1e-4)
 
 
-@pytest.mark.parametrize("plan,kw,match", [
-    ("independent", {"train": "window", "window_size": 99}, "window size=99"),
-    ("independent", {"train": "windo"}, "train='windo'"),
-    ("tree", {"width_prune": "bestt"}, "width_prune='bestt'"),
-    ("tree", {"split_steps": [0, 99]}, "branch 99"),
-    ("tree", {"fusion": "max"}, "fusion='max'"),
-    ("fast", {"branch_range": [0, 9]}, "branch_range"),
-    ("singular", {"branch_steps": [7]}, "branch_steps"),
-    ("singular", {"granularities": [1, 2], "branch_steps": [3]}, "tail after the SDE step"),
-])
+@pytest.mark.parametrize(
+    "plan,kw,match",
+    [
+        ("independent", {"train": "window", "window_size": 99}, "window size=99"),
+        ("independent", {"train": "windo"}, "train='windo'"),
+        ("tree", {"width_prune": "bestt"}, "width_prune='bestt'"),
+        ("tree", {"split_steps": [0, 99]}, "branch 99"),
+        ("tree", {"fusion": "max"}, "fusion='max'"),
+        ("fast", {"branch_range": [0, 9]}, "branch_range"),
+        ("singular", {"branch_steps": [7]}, "branch_steps"),
+        ("singular", {"granularities": [1, 2], "branch_steps": [3]}, "tail after the SDE step"),
+    ],
+)
 def test_bad_plan_values_fail_at_build_before_the_model_loads(plan, kw, match):
     from mmgrpo.errors import UserError
     from pipelines.flow.build import build_flow
 
     # the model does not exist: the plan error must come first, in one line naming the field
     with pytest.raises(UserError, match=match) as err:
-        build_flow(seed=0, device=torch.device("cpu"), model="nobody/not-a-model", prompts=["a"], num_steps=4,
-                   plan=plan, plan_kwargs=kw)
+        build_flow(
+            seed=0,
+            device=torch.device("cpu"),
+            model="nobody/not-a-model",
+            prompts=["a"],
+            num_steps=4,
+            plan=plan,
+            plan_kwargs=kw,
+        )
     assert "\n" not in str(err.value) and str(err.value).startswith("pipeline.kwargs.plan_kwargs")
 
 
@@ -300,9 +352,19 @@ def test_group_size_that_does_not_fit_the_plan_is_a_user_error_at_rollout():
     from mmgrpo.errors import UserError
     from pipelines.flow.build import build_flow
 
-    task = build_flow(seed=0, device=torch.device("cpu"), model="tiny:sd3", prompts=["a"], num_steps=4, resolution=32,
-                      max_sequence_length=8, lora_rank=4, guidance_scale=1.0, plan="tree",
-                      plan_kwargs={"split_steps": [0, 2]})
+    task = build_flow(
+        seed=0,
+        device=torch.device("cpu"),
+        model="tiny:sd3",
+        prompts=["a"],
+        num_steps=4,
+        resolution=32,
+        max_sequence_length=8,
+        lora_rank=4,
+        guidance_scale=1.0,
+        plan="tree",
+        plan_kwargs={"split_steps": [0, 2]},
+    )
     with pytest.raises(UserError, match=r"sample.group_size=6: tree plan: group_size=6 must equal"):
         task.policy.rollout([{"prompt": "a"}], 6, [0])
 
@@ -312,17 +374,30 @@ def test_rollout_loop_reads_nothing_back_from_the_device(kind):
     # On the meta device a tensor has no values, so any check that reads one back (.item(), bool(), a blocking
     # .to()) raises: a whole tree rollout (ODE, SDE, a split, per-sample generators) running there shows the loop
     # never waits for the device; step() checks the sigmas it was given on the host instead
-    plan = P.RolloutPlan(("ode" if kind != "ddim" else kind, kind, kind, "ode" if kind != "ddim" else kind),
-                         roots=1, branches={1: 2})  # DDIM's alphas are no flow sigmas: no ODE step with it
+    plan = P.RolloutPlan(
+        ("ode" if kind != "ddim" else kind, kind, kind, "ode" if kind != "ddim" else kind), roots=1, branches={1: 2}
+    )  # DDIM's alphas are no flow sigmas: no ODE step with it
     sig = sde.sigmas(T, 3.0) if kind != "ddim" else torch.tensor([0.2, 0.4, 0.6, 0.8, 0.95])
     trained = torch.tensor([[False, True, True, False]] * 4)
     vel = lambda x, s, p: 0.5 * x - s.view(-1, 1, 1) + 0.01 * p.view(-1, 1, 1)
-    res = P.execute(plan, seeds=[1, 2], shape=(2, 3), sigmas=sig, trained=trained, velocity=vel, step=sde.step,
-                    noise_level=0.7, device="meta")
+    res = P.execute(
+        plan,
+        seeds=[1, 2],
+        shape=(2, 3),
+        sigmas=sig,
+        trained=trained,
+        velocity=vel,
+        step=sde.step,
+        noise_level=0.7,
+        device="meta",
+    )
     assert res.final.device.type == "meta" and res.x_t.shape == (4, 2, 2, 3) and res.logp.shape == (4, 2)
     x = torch.zeros(2, 3, device="meta")
-    bad = (torch.tensor([0.5, 0.5]), torch.tensor([0.6, 0.4])) if kind != "ddim" else \
-        (torch.tensor([0.5, 0.5]), torch.tensor([0.4, 0.6]))  # one sample's step goes the wrong way
+    bad = (
+        (torch.tensor([0.5, 0.5]), torch.tensor([0.6, 0.4]))
+        if kind != "ddim"
+        else (torch.tensor([0.5, 0.5]), torch.tensor([0.4, 0.6]))
+    )  # one sample's step goes the wrong way
     with pytest.raises(ValueError, match=kind):
         sde.step(kind, x, x, *bad, noise_level=0.7)
     with pytest.raises(RuntimeError, match="meta"):  # device sigmas are still checked, by reading them back
@@ -338,8 +413,17 @@ def test_window_tail_stride_runs_a_coarser_ode_after_the_window():
     assert plan.granularities == (2,) and plan.roots == 4 and trained[:, 1:3].all() and trained.sum() == 8
     sig = sde.sigmas(t_total, 3.0).double()
     vel = lambda x, s, p: torch.tanh(1.3 * x) - s.view(-1, 1, 1) * x
-    run = lambda p, tr: P.execute(p, seeds=seeds, shape=(2, 3), sigmas=sig, trained=tr, velocity=vel, step=sde.step,
-                                  noise_level=0.7, dtype=torch.float64)
+    run = lambda p, tr: P.execute(
+        p,
+        seeds=seeds,
+        shape=(2, 3),
+        sigmas=sig,
+        trained=tr,
+        velocity=vel,
+        step=sde.step,
+        noise_level=0.7,
+        dtype=torch.float64,
+    )
     coarse, full = run(plan, trained), run(*_plan("independent", **kw))
     assert coarse.nfe == 4 * 6 == P.count_nfe(plan, 1) and full.nfe == 4 * 8
     # the window's transitions are the full plan's (same noises), only the tail differs
@@ -351,8 +435,17 @@ def test_window_tail_stride_runs_a_coarser_ode_after_the_window():
     torch.testing.assert_close(coarse.final, x, rtol=1e-12, atol=1e-12)
     assert not torch.allclose(coarse.final, full.final)
     # the coarse tail reads nothing back from the device either (see the meta-device test below)
-    meta = P.execute(plan, seeds=seeds, shape=(2, 3), sigmas=sig.float(), trained=trained, step=sde.step,
-                     velocity=lambda x, s, p: 0.5 * x - s.view(-1, 1, 1), noise_level=0.7, device="meta")
+    meta = P.execute(
+        plan,
+        seeds=seeds,
+        shape=(2, 3),
+        sigmas=sig.float(),
+        trained=trained,
+        step=sde.step,
+        velocity=lambda x, s, p: 0.5 * x - s.view(-1, 1, 1),
+        noise_level=0.7,
+        device="meta",
+    )
     assert meta.final.device.type == "meta" and meta.nfe == coarse.nfe
     # a window that ends at the last step has no tail to coarsen; other step selections refuse the option
     assert _plan("independent", tail_stride=2, **{**kw, "iteration": 12})[0].granularities == (1,)  # steps 6-7

@@ -23,8 +23,18 @@ def tiny(tmp_path_factory):
 
 
 def _build(path, **kw):
-    base = {"seed": 0, "device": torch.device("cpu"), "model": path, "prompts": PROMPTS, "resolution": 32, "num_frames": 5,
-                "num_steps": 4, "max_sequence_length": 8, "lora_rank": 4, "guidance_scale": 1.0}
+    base = {
+        "seed": 0,
+        "device": torch.device("cpu"),
+        "model": path,
+        "prompts": PROMPTS,
+        "resolution": 32,
+        "num_frames": 5,
+        "num_steps": 4,
+        "max_sequence_length": 8,
+        "lora_rank": 4,
+        "guidance_scale": 1.0,
+    }
     base.update(kw)
     torch.manual_seed(0)
     return build_flow(**base)
@@ -34,10 +44,15 @@ def _records():
     return [{"prompt": p} for p in PROMPTS]
 
 
-PLANS = [("independent", {"train": "all"}), ("independent", {"train": "random", "fraction": 0.5}),
-         ("independent", {"train": "window", "window_size": 2, "window_every": 1}),
-         ("fast", {"sde_steps": 2}), ("singular", {}), ("singular", {"granularities": [1, 2]}),
-         ("tree", {"split_steps": [0, 2]})]
+PLANS = [
+    ("independent", {"train": "all"}),
+    ("independent", {"train": "random", "fraction": 0.5}),
+    ("independent", {"train": "window", "window_size": 2, "window_every": 1}),
+    ("fast", {"sde_steps": 2}),
+    ("singular", {}),
+    ("singular", {"granularities": [1, 2]}),
+    ("tree", {"split_steps": [0, 2]}),
+]
 
 
 @pytest.mark.parametrize("plan,plan_kwargs", PLANS, ids=[f"{p}-{next(iter(k.values()), '')}" for p, k in PLANS])
@@ -61,8 +76,15 @@ def test_ratio_is_one_before_any_update(tiny, plan, plan_kwargs):
 @pytest.mark.parametrize("plan,plan_kwargs", [("independent", {"train": "all"}), ("tree", {"split_steps": [0, 2]})])
 def test_ratio_is_one_for_every_sde_kind_and_reduction(tiny, sde_kind, reduce, plan, plan_kwargs):
     # the noise scale that sampled is the one that scores: same sde kind, noise level and reduction in logp()
-    task = _build(tiny["sd3"], sde=sde_kind, noise_level=0.8, reduce=reduce, plan=plan, plan_kwargs=plan_kwargs,
-                  guidance_scale=3.0)
+    task = _build(
+        tiny["sd3"],
+        sde=sde_kind,
+        noise_level=0.8,
+        reduce=reduce,
+        plan=plan,
+        plan_kwargs=plan_kwargs,
+        guidance_scale=3.0,
+    )
     r = task.policy.rollout(_records(), 4, [5, 6])
     lp, _ = task.policy.logp(task.module, r, torch.arange(8))
     assert bool(r.mask.any())
@@ -77,8 +99,13 @@ def test_ratio_is_one_for_every_sde_kind_and_reduction(tiny, sde_kind, reduce, p
 def test_same_noise_window_after_step_zero_splits_there_with_ratio_one(tiny):
     # MixGRPO window on steps 1-2 with one noise per group: the ODE step 0 runs once per prompt, the group splits at
     # step 1 (its first SDE step); the stored transitions re-score to ratio 1
-    task = _build(tiny["sd3"], same_noise_per_group=True, plan="independent", guidance_scale=3.0,
-                  plan_kwargs={"train": "window", "window_size": 2, "window_every": 1})
+    task = _build(
+        tiny["sd3"],
+        same_noise_per_group=True,
+        plan="independent",
+        guidance_scale=3.0,
+        plan_kwargs={"train": "window", "window_size": 2, "window_every": 1},
+    )
     task.policy.set_iteration(1)
     r = task.policy.rollout(_records(), 4, [5, 6])
     assert task.policy.last_plan.branches == {1: 4} and r.extras["step"][0].tolist() == [1, 2]
@@ -93,8 +120,14 @@ def test_same_noise_window_after_step_zero_splits_there_with_ratio_one(tiny):
 def test_same_noise_window_with_a_coarse_ode_tail(tiny):
     # MixGRPO-Flash's idea (tail_stride 2) on the window above with T = 6: the ODE after the window visits sigma
     # indices 3, 5, 6 (2 steps instead of 3); the window's transitions still re-score to ratio 1
-    task = _build(tiny["sd3"], same_noise_per_group=True, plan="independent", guidance_scale=3.0, num_steps=6,
-                  plan_kwargs={"train": "window", "window_size": 2, "window_every": 1, "tail_stride": 2})
+    task = _build(
+        tiny["sd3"],
+        same_noise_per_group=True,
+        plan="independent",
+        guidance_scale=3.0,
+        num_steps=6,
+        plan_kwargs={"train": "window", "window_size": 2, "window_every": 1, "tail_stride": 2},
+    )
     task.policy.set_iteration(1)
     r = task.policy.rollout(_records(), 4, [5, 6])
     # steps 0-1 once per prompt, then per member step 2 and the tail 3 -> 5 -> 6: (2 + 4 * 3) / 4 = 3.5, not 4.5

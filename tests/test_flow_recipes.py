@@ -31,11 +31,16 @@ def _overrides(cfg, out: Path) -> list[str]:
     kw = cfg.pipeline.kwargs
     kind = _tiny_type(kw["model"])
     video = kind == "wan"
-    reward = ("[{name: video_frames, kwargs: {image_reward: jpeg_compressibility, num_frames: 2}}]" if video
-              else "[{name: jpeg_compressibility}]")
+    reward = (
+        "[{name: video_frames, kwargs: {image_reward: jpeg_compressibility, num_frames: 2}}]"
+        if video
+        else "[{name: jpeg_compressibility}]"
+    )
     if len(cfg.rewards) > 1:  # several rewards (GDPO): keep two, one of them Pref-GRPO's pairwise win rate
-        reward = ("[{name: jpeg_compressibility, weight: 1.0}, {name: pairwise, weight: 0.5, "
-                  "kwargs: {base: jpeg_incompressibility}}]")
+        reward = (
+            "[{name: jpeg_compressibility, weight: 1.0}, {name: pairwise, weight: 0.5, "
+            "kwargs: {base: jpeg_incompressibility}}]"
+        )
     plan_kw = dict(kw.get("plan_kwargs") or {})
     if kw.get("plan") == "tree":
         plan_kw = {"split_steps": [0, 2], "fanout": 2}
@@ -46,15 +51,34 @@ def _overrides(cfg, out: Path) -> list[str]:
     if kw.get("plan") == "singular":  # 4 tiny steps: branch inside them, keep the recipe's granularities
         plan_kw["branch_steps"] = [0, 1]
     plan_kw_yaml = "{" + ", ".join(f"{k}: {v}" for k, v in plan_kw.items()) + "}"
-    return [f"run.output_dir={out}", "run.steps=2", "run.progress=false", "run.report=false", "run.resume=never",
-            "run.mixed_precision=no", "run.device=cpu", "run.checkpoint_every=0", "optim.ema_decay=0.0",
-            f"pipeline.kwargs.model=tiny:{kind}", "pipeline.kwargs.data=null",
-            "pipeline.kwargs.prompts=[a red circle, a blue square]", "pipeline.kwargs.resolution=32",
-            "pipeline.kwargs.num_frames=5", "pipeline.kwargs.num_steps=4", "pipeline.kwargs.max_sequence_length=8",
-            "pipeline.kwargs.torch_dtype=null", "pipeline.kwargs.gradient_checkpointing=false",
-            f"pipeline.kwargs.plan_kwargs={plan_kw_yaml}", "sample.batch_size=8", "sample.group_size=4",
-            "algo.micro_batch_size=4", "algo.num_minibatches=1", "algo.inner_epochs=1", "optim.lr=1e-2",
-            f"rewards={reward}"]
+    return [
+        f"run.output_dir={out}",
+        "run.steps=2",
+        "run.progress=false",
+        "run.report=false",
+        "run.resume=never",
+        "run.mixed_precision=no",
+        "run.device=cpu",
+        "run.checkpoint_every=0",
+        "optim.ema_decay=0.0",
+        f"pipeline.kwargs.model=tiny:{kind}",
+        "pipeline.kwargs.data=null",
+        "pipeline.kwargs.prompts=[a red circle, a blue square]",
+        "pipeline.kwargs.resolution=32",
+        "pipeline.kwargs.num_frames=5",
+        "pipeline.kwargs.num_steps=4",
+        "pipeline.kwargs.max_sequence_length=8",
+        "pipeline.kwargs.torch_dtype=null",
+        "pipeline.kwargs.gradient_checkpointing=false",
+        f"pipeline.kwargs.plan_kwargs={plan_kw_yaml}",
+        "sample.batch_size=8",
+        "sample.group_size=4",
+        "algo.micro_batch_size=4",
+        "algo.num_minibatches=1",
+        "algo.inner_epochs=1",
+        "optim.lr=1e-2",
+        f"rewards={reward}",
+    ]
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=[p.stem for p in RECIPES])
@@ -67,9 +91,16 @@ def test_recipe_validates(recipe):
     # the recipe's own plan (the two-step test below shrinks it to 4 steps) fits its schedule and group size
     kw, g = cfg.pipeline.kwargs, cfg.sample.group_size
     t = kw.get("num_steps", 10)
-    plan, trained = make_plan(kw.get("plan", "independent"), num_steps=t, group_size=g, sde=kw.get("sde", "flow_grpo"),
-                              iteration=0, same_noise=kw.get("same_noise_per_group", False), seeds=[0, 1],
-                              **(kw.get("plan_kwargs") or {}))
+    plan, trained = make_plan(
+        kw.get("plan", "independent"),
+        num_steps=t,
+        group_size=g,
+        sde=kw.get("sde", "flow_grpo"),
+        iteration=0,
+        same_noise=kw.get("same_noise_per_group", False),
+        seeds=[0, 1],
+        **(kw.get("plan_kwargs") or {}),
+    )
     plan.check()
     assert plan.group_size == g and trained.shape == (2 * g, t) and bool(trained.any(1).all())
 
@@ -94,8 +125,9 @@ def test_recipe_trains_two_steps_on_tiny_model(recipe, tmp_path, monkeypatch):
         assert all(first[f"ratio/{s}/clip_upper"] == 0.0 for s in steps)
     assert all(torch.isfinite(torch.tensor(r["loss/policy"])) for r in rows)
     if len(cfg.rewards) > 1:  # both scored every step; P_ij + P_ji = 1, so a group's win rates average exactly 0.5
-        assert all(r["reward/pairwise/mean"] == pytest.approx(0.5) and "reward/jpeg_compressibility/mean" in r
-                   for r in rows)
+        assert all(
+            r["reward/pairwise/mean"] == pytest.approx(0.5) and "reward/jpeg_compressibility/mean" in r for r in rows
+        )
     weights = load_file(str(checkpoint.list_checkpoints(tmp_path / "checkpoints")[-1] / "weights.safetensors"))
     task_module_init = _initial_weights(cfg)
     changed = [k for k in weights if not torch.equal(weights[k], task_module_init[k])]
@@ -111,11 +143,14 @@ def _initial_weights(cfg) -> dict[str, torch.Tensor]:
     return task.policy.state_dict()
 
 
-@pytest.mark.parametrize("override,match", [
-    ("pipeline.kwargs.plan_kwargs={trian: all}", "takes no keyword 'trian'"),
-    ("pipeline.kwargs.sde=ode", "must be a stochastic flow step"),
-    ("pipeline.kwargs.plan_kwargs={sde_steps: 1, branch_range: [0, 9]}", "branch_range"),
-])
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("pipeline.kwargs.plan_kwargs={trian: all}", "takes no keyword 'trian'"),
+        ("pipeline.kwargs.sde=ode", "must be a stochastic flow step"),
+        ("pipeline.kwargs.plan_kwargs={sde_steps: 1, branch_range: [0, 9]}", "branch_range"),
+    ],
+)
 def test_config_command_checks_flow_kwargs_without_loading_a_model(capsys, override, match):
     from mmgrpo.cli import main as cli_main
 

@@ -107,8 +107,14 @@ def test_ddim_golden():
 
 
 def test_ddim_matches_diffusers_ddim_scheduler_with_the_same_noise():
-    sched = DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, clip_sample=False,
-                          set_alpha_to_one=False, steps_offset=1)
+    sched = DDIMScheduler(
+        beta_schedule="scaled_linear",
+        beta_start=0.00085,
+        beta_end=0.012,
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+    )
     sched.set_timesteps(10)
     x = torch.randn(2, 3, 4)
     for tt in sched.timesteps:
@@ -192,8 +198,15 @@ def test_per_sample_generators_make_noise_independent_of_the_batch():
     full = step("flow_grpo", x, v, 0.7, 0.6, noise_level=0.7, generator=gens)
     alone = step("flow_grpo", x[1:2], v[1:2], 0.7, 0.6, noise_level=0.7, generator=[torch.Generator().manual_seed(12)])
     assert torch.equal(full.prev_sample[1:2], alone.prev_sample)
-    swapped = step("flow_grpo", x[[2, 1]], v[[2, 1]], 0.7, 0.6, noise_level=0.7,
-                   generator=[torch.Generator().manual_seed(13), torch.Generator().manual_seed(12)])
+    swapped = step(
+        "flow_grpo",
+        x[[2, 1]],
+        v[[2, 1]],
+        0.7,
+        0.6,
+        noise_level=0.7,
+        generator=[torch.Generator().manual_seed(13), torch.Generator().manual_seed(12)],
+    )
     assert torch.equal(swapped.prev_sample, full.prev_sample[[2, 1]])
     one = step("flow_grpo", x, v, 0.7, 0.6, noise_level=0.7, generator=torch.Generator().manual_seed(5))
     one_again = step("flow_grpo", x, v, 0.7, 0.6, noise_level=0.7, generator=torch.Generator().manual_seed(5))

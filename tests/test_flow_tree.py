@@ -21,8 +21,16 @@ from pipelines.flow.tiny import tiny_task
 
 
 def _tree(num_steps, group_size, seeds, **kw):
-    return P.make_plan("tree", num_steps=num_steps, group_size=group_size, sde="flow_grpo", iteration=0,
-                       same_noise=False, seeds=seeds, **kw)
+    return P.make_plan(
+        "tree",
+        num_steps=num_steps,
+        group_size=group_size,
+        sde="flow_grpo",
+        iteration=0,
+        same_noise=False,
+        seeds=seeds,
+        **kw,
+    )
 
 
 def _steps(trained):
@@ -58,8 +66,9 @@ def test_once_credit_by_hand_keeps_the_first_surviving_leaf():
     once = P.credit_edges_once(plan, steps, trained, 4)
     assert once.int().tolist() == [[1, 1, 1, 1], [0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 1, 1]]  # 12 = 2 + 2 + 4 + 4
     # branch_best on r = [1, 2, 3, 5] keeps leaves 1 and 3: the shared edges move to them (first surviving leaf)
-    pruned = P.width_prune_mask(dataclasses.replace(plan, width_prune="branch_best"),
-                                torch.tensor([[1.0, 2.0, 3.0, 5.0]]), trained)
+    pruned = P.width_prune_mask(
+        dataclasses.replace(plan, width_prune="branch_best"), torch.tensor([[1.0, 2.0, 3.0, 5.0]]), trained
+    )
     assert P.credit_edges_once(plan, steps, pruned, 4).int().tolist() == [[0] * 4, [1] * 4, [0] * 4, [1] * 4]
     # per_leaf keeps the old weighting: the plan records it, the policy then leaves the paths as they are
     assert _tree(4, 4, [1], split_steps=[0, 2], edge_credit="per_leaf")[0].edge_credit == "per_leaf"
@@ -72,8 +81,13 @@ CASES = [  # (num_steps, group_size, seeds, plan kwargs, rewards seed)
     (16, 16, [5], {"split_steps": [0, 4, 8, 12]}, None),  # bench/flow.py's tree
     (16, 16, [5, 6], {"split_steps": [0, 4, 8, 12], "prune_depths": [1, 4]}, None),
     (6, 8, [1, 2], {"split_steps": [0, 2, 3], "width_prune": "branch_best"}, 0),
-    (6, 8, [1, 2], {"split_steps": [1, 3], "roots": 2, "width_prune": "extremes", "width_keep": 1,
-                    "prune_depths": [0]}, 1),
+    (
+        6,
+        8,
+        [1, 2],
+        {"split_steps": [1, 3], "roots": 2, "width_prune": "extremes", "width_keep": 1, "prune_depths": [0]},
+        1,
+    ),
     (5, 9, [3], {"split_steps": [0, 2], "fanout": 3, "width_prune": "extremes", "width_keep": 0.3}, 2),
 ]
 
@@ -108,8 +122,12 @@ def test_step_advantages_applies_pruning_then_credit_and_is_idempotent():
     plan, trained = _tree(4, 4, [1], split_steps=[0, 2], width_prune="branch_best")
     steps = _steps(trained)
     paths = trained.clone()
-    ro = Rollout(samples=[None] * 4, old_logp=torch.zeros(4, 4), mask=P.credit_edges_once(plan, steps, paths, 4),
-                 extras={"step": steps, "path_mask": paths})
+    ro = Rollout(
+        samples=[None] * 4,
+        old_logp=torch.zeros(4, 4),
+        mask=P.credit_edges_once(plan, steps, paths, 4),
+        extras={"step": steps, "path_mask": paths},
+    )
     pol = SimpleNamespace(last_plan=plan)
     r = torch.tensor([[1.0, 2.0, 3.0, 5.0]])
     adv = FlowPolicy.step_advantages(pol, ro, r)
@@ -148,10 +166,20 @@ def _grads(module):
 def _trainer_grads(task, ro, adv, mask, g, k_chunk, micro):
     """The engine's own loss (mmgrpo.trainer._loss_for, token_mean, global denominator) over micro-batches and
     k-chunks, gradients accumulated as update() does."""
-    algo = SimpleNamespace(loss="clipped", loss_kwargs={"clip_low": 0.02, "clip_high": 0.02},
-                           aggregation="token_mean", norm_len=None, kl_coef=0.0, kl_kind="k3")
-    run = SimpleNamespace(cfg=SimpleNamespace(algo=algo, sample=SimpleNamespace(group_size=g)), policy=task.policy,
-                          model=task.module, accelerator=SimpleNamespace(num_processes=1))
+    algo = SimpleNamespace(
+        loss="clipped",
+        loss_kwargs={"clip_low": 0.02, "clip_high": 0.02},
+        aggregation="token_mean",
+        norm_len=None,
+        kl_coef=0.0,
+        kl_kind="k3",
+    )
+    run = SimpleNamespace(
+        cfg=SimpleNamespace(algo=algo, sample=SimpleNamespace(group_size=g)),
+        policy=task.policy,
+        model=task.module,
+        accelerator=SimpleNamespace(num_processes=1),
+    )
     task.module.zero_grad(set_to_none=True)
     mb = torch.arange(mask.shape[0])
     mb = mb[mask.any(1)]
@@ -159,14 +187,16 @@ def _trainer_grads(task, ro, adv, mask, g, k_chunk, micro):
     k = mask.shape[1]
     for idx in mb.split(micro):
         for lo in range(0, k, k_chunk):
-            loss, _, _ = _loss_for(run, SimpleNamespace(rollout=ro), idx, slice(lo, lo + k_chunk), adv, mask, None,
-                                   denom)
+            loss, _, _ = _loss_for(
+                run, SimpleNamespace(rollout=ro), idx, slice(lo, lo + k_chunk), adv, mask, None, denom
+            )
             loss.backward()
     return _grads(task.module)
 
 
-@pytest.mark.parametrize("g,plan_kwargs", [(4, {"split_steps": [0, 2]}),
-                                           (8, {"split_steps": [0, 1, 2], "width_prune": "branch_best"})])
+@pytest.mark.parametrize(
+    "g,plan_kwargs", [(4, {"split_steps": [0, 2]}), (8, {"split_steps": [0, 1, 2], "width_prune": "branch_best"})]
+)
 def test_loss_gradient_equals_a_hand_built_per_edge_loss_float64(tiny_sd3, g, plan_kwargs):
     task = _task(tiny_sd3, dtype=torch.float64, plan_kwargs=plan_kwargs)
     pol, module = task.policy, task.module
@@ -194,11 +224,12 @@ def test_loss_gradient_equals_a_hand_built_per_edge_loss_float64(tiny_sd3, g, pl
     module.zero_grad(set_to_none=True)
     ex, total = ro.extras, 0.0
     for i, j in edges.values():
-        cond = {key[5:]: v[i: i + 1] for key, v in ex.items() if key.startswith("cond_")}
+        cond = {key[5:]: v[i : i + 1] for key, v in ex.items() if key.startswith("cond_")}
         x, sig, sig_next = ex["x_t"][i, j][None], ex["sigma"][i, j][None], ex["sigma_next"][i, j][None]
         v = pol.model.velocity(module, x, sig, cond)
-        out = sde.step("flow_grpo", x, v, sig, sig_next, noise_level=pol.noise_level,
-                       prev_sample=ex["x_next"][i, j][None])
+        out = sde.step(
+            "flow_grpo", x, v, sig, sig_next, noise_level=pol.noise_level, prev_sample=ex["x_next"][i, j][None]
+        )
         ratio = torch.exp(out.logp[0] - ro.old_logp[i, j].double())
         a = adv[i, j]
         total = total - torch.minimum(ratio * a, ratio.clamp(0.98, 1.02) * a)
@@ -221,8 +252,9 @@ def test_logp_scores_only_trained_pairs_and_matches_the_full_computation(tiny_sd
     assert 0 < int(ro.mask.sum()) < n * k  # once credit: shared edges in one row only
     full = Rollout(samples=ro.samples, old_logp=ro.old_logp, mask=torch.ones_like(ro.mask), extras=dict(ro.extras))
     rows = []
-    hook = module.register_forward_pre_hook(lambda mod, args, kw: rows.append(kw["hidden_states"].shape[0]),
-                                            with_kwargs=True)
+    hook = module.register_forward_pre_hook(
+        lambda mod, args, kw: rows.append(kw["hidden_states"].shape[0]), with_kwargs=True
+    )
     try:
         idx = torch.arange(n)
         ref_full = pol.ref_logp(full, idx)
@@ -251,13 +283,13 @@ def test_logp_scores_only_trained_pairs_and_matches_the_full_computation(tiny_sd
                 torch.testing.assert_close(kw[key][sel], kw_f[key][sel], rtol=1e-4, atol=1e-9)
             # the loss (masked like the trainer) and its gradient are those of the full computation
             module.zero_grad(set_to_none=True)
-            loss_p = losses.compute("guard_clipped", lp, ro.old_logp[ids][:, ks], torch.ones_like(lp), sel,
-                                    **kw)[0]
+            loss_p = losses.compute("guard_clipped", lp, ro.old_logp[ids][:, ks], torch.ones_like(lp), sel, **kw)[0]
             losses.aggregate(loss_p, sel, "token_mean").backward()
             g_part = _grads(module)
             module.zero_grad(set_to_none=True)
-            loss_f = losses.compute("guard_clipped", lp_f, ro.old_logp[ids][:, ks], torch.ones_like(lp_f), sel,
-                                    **kw_f)[0]
+            loss_f = losses.compute(
+                "guard_clipped", lp_f, ro.old_logp[ids][:, ks], torch.ones_like(lp_f), sel, **kw_f
+            )[0]
             losses.aggregate(loss_f, sel, "token_mean").backward()
             for name, g in _grads(module).items():
                 torch.testing.assert_close(g_part[name], g, rtol=1e-3, atol=1e-7)
@@ -291,7 +323,6 @@ def test_bad_edge_credit_fails_at_build_in_one_line(tiny_sd3):
         _task(tiny_sd3, plan="independent", plan_kwargs={"edge_credit": "once"})
 
 
-
 def test_prob_fusion_from_the_recipe_weighs_children_by_their_split_step_logp(tiny_sd3):
     # BranchGRPO --tree_prob_weighted (anchors.md 4): r(node) = softmax(alpha * logp(child)) . r(child), the child's
     # logp being its split step's transition. 2 roots, splits at steps 0 and 2 (fan-out 2): 8 leaves, depth-1 nodes
@@ -310,10 +341,13 @@ def test_prob_fusion_from_the_recipe_weighs_children_by_their_split_step_logp(ti
     torch.testing.assert_close(adv[:, 0], depth1, rtol=0, atol=1e-5)
     torch.testing.assert_close(adv[:, 1], depth1, rtol=0, atol=1e-5)
     # depth 2 = the leaves: mean 0.75, unbiased var 5.5/7, std 0.8864053; leaf 0: -0.75 / 0.8864053
-    assert float(adv[0, 2]) == pytest.approx(-0.8461141, abs=1e-5) and float(adv[2, 3]) == pytest.approx(1.4101902,
-                                                                                                          abs=1e-5)
+    assert float(adv[0, 2]) == pytest.approx(-0.8461141, abs=1e-5) and float(adv[2, 3]) == pytest.approx(
+        1.4101902, abs=1e-5
+    )
     mean_adv = dataclasses.replace(pol.last_plan, fusion="mean")
-    pol.last_plan = mean_adv  # same rollout, mean fusion: depth 1 becomes [.5, 2, .5, 0] -> [-.2886751, 1.4433757, ...]
+    pol.last_plan = (
+        mean_adv  # same rollout, mean fusion: depth 1 becomes [.5, 2, .5, 0] -> [-.2886751, 1.4433757, ...]
+    )
     assert float(pol.step_advantages(ro, rewards)[0, 0]) == pytest.approx(-0.2886751, abs=1e-5)
 
 

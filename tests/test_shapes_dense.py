@@ -10,8 +10,10 @@ from pipelines.shapes.scenes import Scene, SceneObject
 
 def test_cell_targets_by_hand():
     # 4 x 4 grid, cells of 0.25: (cx 0.8, cy 0.1) -> row 0, col 3 -> index 3; (0.3, 0.6) -> row 2, col 1 -> 9
-    objs = [{"shape": "triangle", "color": "blue", "cx": 0.8, "cy": 0.1},
-            {"shape": "circle", "color": "red", "cx": 0.3, "cy": 0.6}]
+    objs = [
+        {"shape": "triangle", "color": "blue", "cx": 0.8, "cy": 0.1},
+        {"shape": "circle", "color": "red", "cx": 0.3, "cy": 0.6},
+    ]
     color, shape = cell_targets(objs, 4)
     want_c, want_s = torch.zeros(16, dtype=torch.long), torch.zeros(16, dtype=torch.long)
     want_c[3], want_s[3] = COLOR_CLASSES.index("blue"), SHAPE_CLASSES.index("triangle")

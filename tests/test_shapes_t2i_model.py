@@ -70,15 +70,22 @@ def test_flow_matching_loss_by_hand():
     x0 = torch.full((1, 3, 1, 1), 0.5)
     eps = torch.full((1, 3, 1, 1), -1.0)
     echo = _Echo()
-    loss = flow_matching_loss(echo, x0, torch.zeros(1, 2, 4), torch.zeros(1, 4), sigmas=torch.tensor([0.25]),
-                              noise=eps)
+    loss = flow_matching_loss(
+        echo, x0, torch.zeros(1, 2, 4), torch.zeros(1, 4), sigmas=torch.tensor([0.25]), noise=eps
+    )
     assert math.isclose(float(loss), 1.625**2, rel_tol=1e-6)
     # diffusers' FlowMatch convention: the transformer sees timestep = 1000 sigma
     assert torch.allclose(echo.timesteps[0], torch.tensor([250.0]))
     # a model that outputs exactly eps - x0 has zero loss
     exact = _Echo(const=-1.5)
-    assert float(flow_matching_loss(exact, x0, torch.zeros(1, 2, 4), torch.zeros(1, 4),
-                                    sigmas=torch.tensor([0.7]), noise=eps)) == 0.0
+    assert (
+        float(
+            flow_matching_loss(
+                exact, x0, torch.zeros(1, 2, 4), torch.zeros(1, 4), sigmas=torch.tensor([0.7]), noise=eps
+            )
+        )
+        == 0.0
+    )
 
 
 def test_euler_sampler_integrates_constant_velocity():
@@ -89,8 +96,13 @@ def test_euler_sampler_integrates_constant_velocity():
     tok = build_tokenizer()
     _, text = build_models(tok, width=32, depth=1, head_dim=16, text_width=32, text_layers=1)
     c = 0.25
-    m = ShapesT2I(_Echo(const=c), text.eval(), tok, FlowMatchEulerDiscreteScheduler(shift=1.0),
-                  {"resolution": 4, "guidance_scale": 1.0})
+    m = ShapesT2I(
+        _Echo(const=c),
+        text.eval(),
+        tok,
+        FlowMatchEulerDiscreteScheduler(shift=1.0),
+        {"resolution": 4, "guidance_scale": 1.0},
+    )
     imgs = sample(m, ["a circle", "two squares"], num_steps=5, seed=7)
     noise = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(7)).double()
     expect = ((noise - c).clamp(-1, 1) + 1) * 127.5
@@ -131,9 +143,10 @@ def test_save_load_roundtrip(tmp_path):
     save_model(tmp_path, ShapesT2I(tr, te, tok, FlowMatchEulerDiscreteScheduler(shift=1.0), cfg))
     m = load(tmp_path)
     assert torch.equal(m.transformer.pos_embed.proj.weight, tr.pos_embed.proj.weight)
-    assert np.array_equal(sample(m, ["a circle"], num_steps=2, seed=1),
-                          sample(ShapesT2I(tr.eval(), te.eval(), tok, m.scheduler, cfg), ["a circle"], num_steps=2,
-                                 seed=1))
+    assert np.array_equal(
+        sample(m, ["a circle"], num_steps=2, seed=1),
+        sample(ShapesT2I(tr.eval(), te.eval(), tok, m.scheduler, cfg), ["a circle"], num_steps=2, seed=1),
+    )
     with pytest.raises(ValueError, match="model_dir"):
         load(tmp_path / "nowhere")
 

@@ -1,7 +1,9 @@
 """Tests for ShapesWorld video: clip determinism, the timeline against the drawn frames, mp4 round trips through
 PyAV and decord, and the grounding / QA rows written to JSONL."""
 
+import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -60,7 +62,7 @@ def test_frames_show_the_timeline():
     assert len(find(19, "blue")) == 1 and find(20, "blue") == []
     xs = [find(f, "red")[0]["cx"] for f in range(24)]
     assert xs[0] == xs[4] and xs[10] == xs[23]
-    assert all(b > a for a, b in zip(xs[4:10], xs[5:11]))  # moving right on frames 4..10
+    assert all(b > a for a, b in itertools.pairwise(xs[4:11]))  # moving right on frames 4..10
     assert xs[10] - xs[4] == pytest.approx(0.4, abs=1 / 32)
 
 
@@ -145,8 +147,9 @@ def test_order_questions_name_the_answer_first_and_second_equally_often():
 def test_cache_key_names_the_set_version(tmp_path):
     from pipelines.video.data import shapes_video_dir
 
-    out = shapes_video_dir("val", 1, seed=0, types=("grounding",), num_frames=16, fps=4, resolution=32,
-                           cache_dir=tmp_path)
+    out = shapes_video_dir(
+        "val", 1, seed=0, types=("grounding",), num_frames=16, fps=4, resolution=32, cache_dir=tmp_path
+    )
     assert out.name.startswith(f"shapes_video-v{SET_VERSION}-val-n1-") and (out / "val.jsonl").is_file()
 
 
@@ -177,7 +180,7 @@ def test_write_mp4_rejects_bad_frames(tmp_path):
 
 def test_make_video_set_rows(tmp_path):
     path = make_video_set("val", 4, tmp_path, seed=0, num_frames=16)
-    rows = [json.loads(line) for line in open(path)]
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
     assert len(rows) == 4
     for row in rows:
         assert (tmp_path / row["video"]).exists()
@@ -186,7 +189,7 @@ def test_make_video_set_rows(tmp_path):
             start, end = row["answer"]
             assert 0 <= start <= end <= row["duration"]
     again = make_video_set("val", 4, tmp_path / "b", seed=0, num_frames=16)
-    assert [json.loads(x)["question"] for x in open(again)] == [r["question"] for r in rows]
+    assert [json.loads(x)["question"] for x in Path(again).read_text().splitlines()] == [r["question"] for r in rows]
 
 
 def test_bad_arguments_raise():

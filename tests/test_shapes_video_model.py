@@ -21,8 +21,15 @@ N_SAMPLE = 12
 
 def _clip() -> Clip:
     # red circle: visible frames [2, 8), moves right on [4, 6); blue square: visible [0, 32), moves up on [10, 16)
-    return Clip((Track("circle", "red", 0.12, 2, 8, (0.2, 0.3), (0.6, 0.3), "right", 4, 6),
-                 Track("square", "blue", 0.12, 0, 32, (0.5, 0.8), (0.5, 0.4), "up", 10, 16)), 32, 4, 64)
+    return Clip(
+        (
+            Track("circle", "red", 0.12, 2, 8, (0.2, 0.3), (0.6, 0.3), "right", 4, 6),
+            Track("square", "blue", 0.12, 0, 32, (0.5, 0.8), (0.5, 0.4), "up", 10, 16),
+        ),
+        32,
+        4,
+        64,
+    )
 
 
 def test_dense_states_by_hand():
@@ -55,15 +62,22 @@ def test_targets_fit_the_recipes_and_get_full_marks():
     from pipelines.video import rewards as _  # noqa: F401  registers video_task
 
     tok = AutoProcessor.from_pretrained(VIDEO).tokenizer
-    recs = [{"type": "grounding", "spans": [6.5, 8.0], "category": "grounding"},
-            {"type": "direction", "answers": "right", "category": "free_form"},
-            {"type": "order", "answers": "yellow triangle", "category": "free_form"},
-            {"type": "count", "answers": "3", "category": "numeric"}]
+    recs = [
+        {"type": "grounding", "spans": [6.5, 8.0], "category": "grounding"},
+        {"type": "direction", "answers": "right", "category": "free_form"},
+        {"type": "order", "answers": "yellow triangle", "category": "free_form"},
+        {"type": "count", "answers": "3", "category": "numeric"},
+    ]
     texts = [PV.target_text(r) for r in recs]
     lengths = [len(tok(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts]  # + <|im_end|>
     assert lengths[0] <= 32 and max(lengths) == 34 <= PV.MAX_NEW_TOKENS  # grounding / QA recipes' max_new_tokens
-    task = rewards.load("video_task")(texts, prompts=None, spans=[r.get("spans") for r in recs],
-                                      answers=[r.get("answers") for r in recs], category=[r["category"] for r in recs])
+    task = rewards.load("video_task")(
+        texts,
+        prompts=None,
+        spans=[r.get("spans") for r in recs],
+        answers=[r.get("answers") for r in recs],
+        category=[r["category"] for r in recs],
+    )
     assert task.tolist() == [1.0] * 4
     assert rewards.load("format", mode="strict")(texts, prompts=None).tolist() == [1.0] * 4
 
@@ -90,8 +104,15 @@ def policy():
     from pipelines.video.build import build_video
 
     # the grounding recipe's settings; the tower frozen so the vision-feature cache is on, as in a LoRA RL run
-    kw = {"num_frames": PV.NUM_FRAMES, "shapes_frames": PV.NUM_FRAMES, "max_new_tokens": PV.MAX_NEW_TOKENS, "temperature": 0.05,
-          "prefix_sharing": "auto", "vision_cache": "auto", "freeze_vision": True}
+    kw = {
+        "num_frames": PV.NUM_FRAMES,
+        "shapes_frames": PV.NUM_FRAMES,
+        "max_new_tokens": PV.MAX_NEW_TOKENS,
+        "temperature": 0.05,
+        "prefix_sharing": "auto",
+        "vision_cache": "auto",
+        "freeze_vision": True,
+    }
     task = build_video(seed=0, device=torch.device("cpu"), model=str(VIDEO), train_size=1, eval_size=1, **kw)
     assert task.module.vision_cache.why_off() == "" and task.module.shared
     return task.policy
@@ -103,27 +124,41 @@ def _scores(policy, recs: list[dict]) -> np.ndarray:
 
     out = policy.rollout(recs, 1, list(range(len(recs))))
     assert torch.isfinite(out.old_logp[out.mask]).all()
-    return rewards.load("video_task")(out.samples, prompts=None, spans=[r.get("spans") for r in recs],
-                                      answers=[r.get("answers") for r in recs],
-                                      category=[r["category"] for r in recs]).numpy()
+    return rewards.load("video_task")(
+        out.samples,
+        prompts=None,
+        spans=[r.get("spans") for r in recs],
+        answers=[r.get("answers") for r in recs],
+        category=[r["category"] for r in recs],
+    ).numpy()
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14: the shipped video model does not use its frames yet (on this sample "
-                   "real vs blank: grounding mIoU 0.06 vs 0.17, QA 0.50 vs 0.50; assets/README.md); strict, so a "
-                   "model that sees makes this XPASS and the marker must go")
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 14: the shipped video model does not use its frames yet (on this sample "
+    "real vs blank: grounding mIoU 0.06 vs 0.17, QA 0.50 vs 0.50; assets/README.md); strict, so a "
+    "model that sees makes this XPASS and the marker must go",
+)
 def test_frames_reach_the_model_through_the_rollout_policy(policy):
     """Real frames score far above blank ones on a fixed test sample, through `VideoPolicy.rollout` (the code GRPO
     samples with: prefix-shared log-probs, cached vision features). Fails when pixels stop reaching the model."""
     from pipelines.shapes.video_probe import blank_video, pipeline_records
 
-    recs = (pipeline_records("test", N_SAMPLE, types=("grounding",), num_frames=PV.NUM_FRAMES)
-            + pipeline_records("test", N_SAMPLE, types=PV.QA_TYPES, num_frames=PV.NUM_FRAMES))
+    recs = pipeline_records("test", N_SAMPLE, types=("grounding",), num_frames=PV.NUM_FRAMES) + pipeline_records(
+        "test", N_SAMPLE, types=PV.QA_TYPES, num_frames=PV.NUM_FRAMES
+    )
     blank = blank_video(PV.NUM_FRAMES, 4, 64, Path.home() / ".cache" / "mmgrpo" / "blank")
     real = _scores(policy, recs)
     empty = _scores(policy, [{**r, "video": blank} for r in recs])
     g = slice(0, N_SAMPLE)
-    print(json.dumps({"real": [float(real[g].mean()), float(real[N_SAMPLE:].mean())],
-                      "blank": [float(empty[g].mean()), float(empty[N_SAMPLE:].mean())]}))
+    print(
+        json.dumps(
+            {
+                "real": [float(real[g].mean()), float(real[N_SAMPLE:].mean())],
+                "blank": [float(empty[g].mean()), float(empty[N_SAMPLE:].mean())],
+            }
+        )
+    )
     # measured: see assets/README.md (shapes-video, "frames reach the model")
     assert real[g].mean() >= empty[g].mean() + 0.25  # grounding mIoU
     assert real[N_SAMPLE:].mean() >= empty[N_SAMPLE:].mean() + 0.25  # QA accuracy

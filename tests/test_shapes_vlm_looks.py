@@ -25,9 +25,20 @@ def task():
     from pipelines.vlm.build import build_vlm
 
     # freeze_vision keeps the vision-feature cache on (it is off while the tower trains); prefix sharing forced on
-    return build_vlm(seed=0, device=torch.device("cpu"), model=str(VLM), data="shapes_vqa", train_size=2,
-                     eval_size=1, max_new_tokens=24, prefix_sharing="on", vision_cache="auto", freeze_vision=True,
-                     check_logp=True, question_types=["color", "shape"])
+    return build_vlm(
+        seed=0,
+        device=torch.device("cpu"),
+        model=str(VLM),
+        data="shapes_vqa",
+        train_size=2,
+        eval_size=1,
+        max_new_tokens=24,
+        prefix_sharing="on",
+        vision_cache="auto",
+        freeze_vision=True,
+        check_logp=True,
+        question_types=["color", "shape"],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +61,11 @@ def _choices(task, records) -> tuple[float, list[Tensor]]:
     right, scores = 0, []
     for rec in records:
         cands = TEMPLATE_ANSWERS[rec["category"]][question_template(rec["prompt"])]
-        ids = [tok(target_text("vqa", {"category": rec["category"], "answers": a}), add_special_tokens=False)[
-            "input_ids"] + [end] for a in cands]
+        ids = [
+            tok(target_text("vqa", {"category": rec["category"], "answers": a}), add_special_tokens=False)["input_ids"]
+            + [end]
+            for a in cands
+        ]
         k = max(map(len, ids))
         comp = torch.tensor([x + [tok.pad_token_id] * (k - len(x)) for x in ids])  # [C, K]
         lengths = torch.tensor([len(x) for x in ids])  # [C]
@@ -82,7 +96,17 @@ def test_rollout_sees_the_same_pixels_as_the_update(task, records):
     # generate's own log-probs equal the prefix-shared, cached recomputation: both paths read the same pixels
     assert out.metrics["rollout/gen_logp_max_abs_diff"] < 1e-3
     blank = task.policy.rollout(_blank(records[:8]), 2, seeds=list(range(8)))
-    acc = [float(torch.as_tensor(rewards.load("accuracy")(o.samples, prompts=None, answers=[
-        r["answers"] for r in records[:8] for _ in range(2)])).float().mean()) for o in (out, blank)]
+    acc = [
+        float(
+            torch.as_tensor(
+                rewards.load("accuracy")(
+                    o.samples, prompts=None, answers=[r["answers"] for r in records[:8] for _ in range(2)]
+                )
+            )
+            .float()
+            .mean()
+        )
+        for o in (out, blank)
+    ]
     # measured: real 0.1875, blank 0.125 (16 samples each)
     assert acc[0] > acc[1], acc

@@ -48,10 +48,16 @@ def test_targets_fit_the_recipes_token_budget_and_score_full_marks(tok):
 
 
 def test_collate_labels_only_the_completion():
-    a = {"input_ids": torch.tensor([[5, 6, 7]]), "mm_token_type_ids": torch.tensor([[0, 1, 0]]),
-         "completion": torch.tensor([8, 9])}
-    b = {"input_ids": torch.tensor([[1, 2]]), "mm_token_type_ids": torch.tensor([[1, 0]]),
-         "completion": torch.tensor([3, 4, 4])}
+    a = {
+        "input_ids": torch.tensor([[5, 6, 7]]),
+        "mm_token_type_ids": torch.tensor([[0, 1, 0]]),
+        "completion": torch.tensor([8, 9]),
+    }
+    b = {
+        "input_ids": torch.tensor([[1, 2]]),
+        "mm_token_type_ids": torch.tensor([[1, 0]]),
+        "completion": torch.tensor([3, 4, 4]),
+    }
     inputs, labels = P.collate([a, b], pad_id=0)
     assert inputs["input_ids"].tolist() == [[5, 6, 7, 8, 9], [1, 2, 3, 4, 4]]
     assert labels.tolist() == [[-100, -100, -100, 8, 9], [-100, -100, 3, 4, 4]]
@@ -59,7 +65,13 @@ def test_collate_labels_only_the_completion():
     assert inputs["mm_token_type_ids"].tolist() == [[0, 1, 0, 0, 0], [1, 0, 0, 0, 0]]
     short = {"input_ids": torch.tensor([[1]]), "completion": torch.tensor([2])}
     inputs, labels = P.collate([a, short], pad_id=0)
-    assert inputs["input_ids"][1].tolist() == [1, 2, 0, 0, 0] and inputs["attention_mask"][1].tolist() == [1, 1, 0, 0, 0]
+    assert inputs["input_ids"][1].tolist() == [1, 2, 0, 0, 0] and inputs["attention_mask"][1].tolist() == [
+        1,
+        1,
+        0,
+        0,
+        0,
+    ]
     assert labels[1].tolist() == [-100, 2, -100, -100, -100]
 
 
@@ -89,8 +101,12 @@ def test_built_model_is_a_qwen2_vl_with_16_visual_tokens_per_image():
     enc = P.encoder("vqa", processor)(rec)
     n_image = int((enc["input_ids"] == model.config.image_token_id).sum())
     assert n_image == 16  # 32 px -> 112 x 112: 8 x 8 patches of 14 px, merged 2 x 2
-    loss = P.sft_loss(model, *P.collate([P.example("vqa", P.encoder("vqa", processor), processor.tokenizer, rec)],
-                                        processor.tokenizer.pad_token_id))
+    loss = P.sft_loss(
+        model,
+        *P.collate(
+            [P.example("vqa", P.encoder("vqa", processor), processor.tokenizer, rec)], processor.tokenizer.pad_token_id
+        ),
+    )
     assert math.isfinite(loss.item()) and loss.item() > 0
 
 
@@ -131,8 +147,9 @@ def test_vlm_pipeline_loads_the_shipped_model_by_path_with_the_pretraining_promp
 def test_video_pipeline_loads_the_shipped_model_by_path_with_the_pretraining_prompts():
     from pipelines.video.build import build_video
 
-    task = build_video(seed=0, device=torch.device("cpu"), model=str(VIDEO), train_size=2, eval_size=1,
-                       shapes_types=["grounding"])
+    task = build_video(
+        seed=0, device=torch.device("cpu"), model=str(VIDEO), train_size=2, eval_size=1, shapes_types=["grounding"]
+    )
     rec = task.train_data[0]
     processor, _ = _load(VIDEO)
     ours = P.encoder("grounding", processor)(rec)

@@ -2,6 +2,7 @@
 
 import json
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,7 +132,7 @@ def test_question_templates_mask_colours_and_shapes():
     assert question_template("How many red objects are there?") == "How many _ objects are there?"
     assert question_template("Is the blue square above the red circle?") == "Is the _ _ above the _ _?"
     # every question a scene supports has a known template and a listed answer
-    qa, qas = _qa(Scene((SceneObject("circle", "red", 0.2, 0.2, 0.12), SceneObject("square", "blue", 0.75, 0.5, 0.15))))
+    _, qas = _qa(Scene((SceneObject("circle", "red", 0.2, 0.2, 0.12), SceneObject("square", "blue", 0.75, 0.5, 0.15))))
     for kind, pairs in qas.items():
         for q, a in pairs:
             assert a in TEMPLATE_ANSWERS[kind][question_template(q)], (q, a)
@@ -152,7 +153,7 @@ def test_count_answers_agree_with_the_detector():
 def test_writer_round_trip(tmp_path):
     recs = make_vqa("train", 5, seed=0)
     path = write_vqa_jsonl(recs, tmp_path, name="shapes_vqa_train")
-    rows = [json.loads(line) for line in open(path)]
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
     assert [r["image"] for r in rows] == [f"images/{r['id']}.png" for r in recs]
     assert all({"image", "question", "answer", "type"} <= set(r) for r in rows)
     back = read_vqa_jsonl(path)

@@ -67,8 +67,9 @@ def test_sampling_modes_and_strategies():
     assert len(io.sample_indices(24, 4.0, mode="fps", fps=0.5)) == 2
     # budget: 64 tokens, 56x56 = 3136 px per frame -> 64 * 2 * 784 / 3136 = 32 frames, capped by max_frames=16
     assert io.frames_for_budget(64, 56 * 56) == 32
-    assert len(io.sample_indices(100, 4.0, mode="budget", token_budget=64, pixels_per_frame=56 * 56,
-                                 max_frames=16)) == 16
+    assert (
+        len(io.sample_indices(100, 4.0, mode="budget", token_budget=64, pixels_per_frame=56 * 56, max_frames=16)) == 16
+    )
     # segment-random: one index in each of 4 segments [0,6) [6,12) [12,18) [18,24); seeded, so reproducible
     a = io.sample_indices(24, 4.0, num_frames=4, strategy="segment_random", seed=3)
     b = io.sample_indices(24, 4.0, num_frames=4, strategy="segment_random", seed=3)
@@ -102,8 +103,7 @@ def test_bad_videos_give_one_line_errors_naming_the_file(tmp_path):
     garbage.write_bytes(b"\x00not a video" * 64)
     empty = tmp_path / "empty.mp4"
     empty.write_bytes(b"")
-    for path, why in ((tmp_path / "missing.mp4", "does not exist"), (garbage, "cannot be opened"),
-                      (empty, "empty")):
+    for path, why in ((tmp_path / "missing.mp4", "does not exist"), (garbage, "cannot be opened"), (empty, "empty")):
         with pytest.raises(UserError, match=why) as err:
             io.read_frames(path, [0])
         assert str(path) in str(err.value) and "\n" not in str(err.value)
@@ -139,7 +139,8 @@ def test_fps_and_budget_indices_and_timestamps(clip):
     # budget: T = 16 of 100 frames: round(6.6 k), k = 0..15
     np.testing.assert_array_equal(
         io.sample_indices(100, 4.0, mode="budget", token_budget=64, pixels_per_frame=56 * 56, max_frames=16),
-        [0, 7, 13, 20, 26, 33, 40, 46, 53, 59, 66, 73, 79, 86, 92, 99])
+        [0, 7, 13, 20, 26, 33, 40, 46, 53, 59, 66, 73, 79, 86, 92, 99],
+    )
     # segment-random on the 12-frame clip: the frames read are the ones drawn (red ~ 20 * index), at index / 4 s
     path, _ = clip
     idx = io.sample_indices(12, 4.0, num_frames=4, strategy="segment_random", seed=1)

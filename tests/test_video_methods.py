@@ -16,8 +16,9 @@ from rewards.rules import tempsamp_shaping
 
 
 def close(a, b, tol=1e-6):
-    torch.testing.assert_close(torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64),
-                               atol=tol, rtol=0)
+    torch.testing.assert_close(
+        torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64), atol=tol, rtol=0
+    )
 
 
 # ----------------------------------------------------------------------------- TempSamp-R1 (arXiv:2509.18056)
@@ -44,8 +45,10 @@ def test_tempsamp_advantage_hand_worked():
     close(compute("tempsamp", r, weights=[1.0, 0.1]), [[0.660177923, 0.129476624, -1.452089823, 0.662435276]])
     # on-policy baseline: mean of the 3 sampled s = 0.561369050, same std -> [0.880989681, 0.350288383,
     # -1.231278064, 0.883247035]: the ground truth no longer pushes the 0.5-IoU answer towards 0
-    close(compute("tempsamp", r, weights=[1.0, 0.1], baseline="on_policy", gt_slot=-1),
-          [[0.880989681, 0.350288383, -1.231278064, 0.883247035]])
+    close(
+        compute("tempsamp", r, weights=[1.0, 0.1], baseline="on_policy", gt_slot=-1),
+        [[0.880989681, 0.350288383, -1.231278064, 0.883247035]],
+    )
     # shaping=False on already-shaped rewards gives the same numbers (no double shaping)
     shaped = r.clone()
     shaped[..., 0] = soft_shaping(r[..., 0])
@@ -116,8 +119,11 @@ def test_logp_gap_bonus_hand():
 
 def test_video_task_routes_by_category():
     samples = ["<answer>1 to 3</answer>", "<answer>B</answer>", "<answer>3</answer>", "<answer>left</answer>"]
-    fields = {"spans": [[2.0, 4.0], None, None, None], "answers": [None, "B", "3", "left"],
-              "category": ["grounding", "multiple_choice", "numeric", "free_form"]}
+    fields = {
+        "spans": [[2.0, 4.0], None, None, None],
+        "answers": [None, "B", "3", "left"],
+        "category": ["grounding", "multiple_choice", "numeric", "free_form"],
+    }
     # grounding: [1, 3] vs [2, 4]: inter 1, union 3 -> 1/3
     close(load("video_task")(samples, **fields), [1 / 3, 1.0, 1.0, 1.0], tol=1e-6)
     with pytest.raises(ValueError, match="spans"):
@@ -167,8 +173,10 @@ def test_default_span_template_is_the_prompt_and_sft_format():
     assert custom == "<answer>1.0 to 2.5</answer>"
 
 
-@pytest.mark.parametrize("template", ["<answer>{start}</answer>", "{start} {end} {answer}", "{start:.2f} to {end",
-                                      "{0} to {1}", "{start:d} to {end}"])
+@pytest.mark.parametrize(
+    "template",
+    ["<answer>{start}</answer>", "{start} {end} {answer}", "{start:.2f} to {end", "{0} to {1}", "{start:d} to {end}"],
+)
 def test_bad_span_templates_are_named(template):
     with pytest.raises(ValueError, match=r"span_template .* must use the fields \{start\}, \{end\}"):
         vm.check_template("span_template", template)

@@ -16,8 +16,12 @@ from pipelines.video.build import build_video
 from pipelines.video.data import jsonl_records
 
 SMALL = {"train_size": 3, "eval_size": 1, "num_frames": 4, "max_new_tokens": 6}
-INJECT = {**SMALL, "inject_ground_truth": True, "gt_span_template": "<answer>{start:.1f} to {end:.1f}</answer>",
-          "max_new_tokens": 12}
+INJECT = {
+    **SMALL,
+    "inject_ground_truth": True,
+    "gt_span_template": "<answer>{start:.1f} to {end:.1f}</answer>",
+    "max_new_tokens": 12,
+}
 """a ground truth of 12 byte-level tokens (<answer>, "2.5 to 3.8", </answer>), so it fits max_new_tokens=12"""
 
 
@@ -28,8 +32,14 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def task25(cache):
-    return build_video(seed=0, device=torch.device("cpu"), model="tiny-random-qwen2.5-vl", cache_dir=cache,
-                       temporal="logp_gap", **INJECT)
+    return build_video(
+        seed=0,
+        device=torch.device("cpu"),
+        model="tiny-random-qwen2.5-vl",
+        cache_dir=cache,
+        temporal="logp_gap",
+        **INJECT,
+    )
 
 
 def test_processor_outputs_and_second_per_grid_ts(task25):
@@ -46,7 +56,10 @@ def test_ratio_is_one_before_the_first_update_and_gt_old_logp(task25):
     pol, mod = task25.policy, task25.module
     r = pol.rollout(task25.train_data[:2], 4, [11, 12])
     assert r.extras["injected"].tolist() == [False, False, False, True] * 2
-    assert r.samples[3] == f"<answer>{task25.train_data[0]['spans'][0]:.1f} to {task25.train_data[0]['spans'][1]:.1f}</answer>"
+    assert (
+        r.samples[3]
+        == f"<answer>{task25.train_data[0]['spans'][0]:.1f} to {task25.train_data[0]['spans'][1]:.1f}</answer>"
+    )
     for shared in (True, False):
         mod.shared = shared
         logp, _ = pol.logp(mod, r, torch.arange(8))
@@ -56,8 +69,12 @@ def test_ratio_is_one_before_the_first_update_and_gt_old_logp(task25):
     # [prompt | ground truth] alone gives the same numbers, over every ground-truth token
     i = 3
     n = int(r.extras["lengths"][i])
-    alone, _ = mod([r.extras["prompt_enc"][i]], r.extras["completion_ids"][i: i + 1, :n],
-                   r.extras["lengths"][i: i + 1], shared=False)
+    alone, _ = mod(
+        [r.extras["prompt_enc"][i]],
+        r.extras["completion_ids"][i : i + 1, :n],
+        r.extras["lengths"][i : i + 1],
+        shared=False,
+    )
     assert bool(r.mask[i, :n].all()) and not bool(r.mask[i, n:].any())
     torch.testing.assert_close(r.old_logp[i, :n], alone[0], atol=1e-5, rtol=0)
     assert float(r.old_logp[i, :n].sum()) < 0
@@ -81,9 +98,18 @@ def test_vision_tower_runs_once_per_group(task25):
 
 
 def test_temporal_generate_and_augment(cache):
-    task = build_video(seed=0, device=torch.device("cpu"), model="tiny-random-qwen2-vl", cache_dir=cache,
-                       temporal="generate", temporal_samples=3, augment=True, augment_easy_min=2.0,
-                       augment_hard_max=1.0, **SMALL)
+    task = build_video(
+        seed=0,
+        device=torch.device("cpu"),
+        model="tiny-random-qwen2-vl",
+        cache_dir=cache,
+        temporal="generate",
+        temporal_samples=3,
+        augment=True,
+        augment_easy_min=2.0,
+        augment_hard_max=1.0,
+        **SMALL,
+    )
     r = task.policy.rollout(task.train_data[:2], 2, [5, 6])
     shuffled = r.extras["reward_fields"]["shuffled_samples"]
     assert len(shuffled) == 4 and all(len(s) == 3 and all(isinstance(t, str) for t in s) for s in shuffled)
@@ -95,8 +121,16 @@ def test_temporal_generate_and_augment(cache):
 
 def test_augmentation_keeps_generate_calls_equal_across_fsdp_ranks(cache, monkeypatch):
     # under FSDP another rank re-posed 5 groups; this one re-poses 2 (both groups hard): it must add 3 dummy calls
-    task = build_video(seed=0, device=torch.device("cpu"), model="tiny-random-qwen2-vl", cache_dir=cache,
-                       augment=True, augment_easy_min=2.0, augment_hard_max=1.0, **SMALL)
+    task = build_video(
+        seed=0,
+        device=torch.device("cpu"),
+        model="tiny-random-qwen2-vl",
+        cache_dir=cache,
+        augment=True,
+        augment_easy_min=2.0,
+        augment_hard_max=1.0,
+        **SMALL,
+    )
     pol = task.policy
     seen = []
     real_match = pol._match_generate_calls
@@ -119,9 +153,11 @@ def test_jsonl_records_charades_style_and_bad_rows(tmp_path, caplog):
     (tmp_path / "v").mkdir()
     write_mp4(tmp_path / "v" / "a.mp4", frames, 4)
     (tmp_path / "v" / "bad.mp4").write_bytes(b"garbage")
-    rows = [{"video": "v/a.mp4", "query": "person opens a door", "timestamps": [0.5, 1.5]},
-            {"video": "v/a.mp4", "question": "Which?", "answer": "B", "problem_type": "multiple choice"},
-            {"video": "v/bad.mp4", "query": "x", "timestamps": [0, 1]}]
+    rows = [
+        {"video": "v/a.mp4", "query": "person opens a door", "timestamps": [0.5, 1.5]},
+        {"video": "v/a.mp4", "question": "Which?", "answer": "B", "problem_type": "multiple choice"},
+        {"video": "v/bad.mp4", "query": "x", "timestamps": [0, 1]},
+    ]
     path = tmp_path / "train.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows))
     with pytest.raises(UserError, match=r"train.jsonl:3.*bad.mp4"):
@@ -149,14 +185,21 @@ def test_injected_ground_truth_must_fit_max_new_tokens(cache):
     # <think> 1 + "Find the event." 15 + </think> 1 + <answer> 1 + "2.50 to 3.75" 12 + </answer> 1 (ends at the stop
     # string, so no EOS is appended); sampled answers stop at 30 tokens, so the injected one could never be produced
     kw = {**INJECT, "gt_span_template": None}
-    with pytest.raises(UserError, match=r"max_new_tokens \(30\) is shorter than the injected ground truth \(31 tokens"
-                                        r".*raise max_new_tokens to >= 31 or shorten pipeline.kwargs.gt_span_template"):
+    with pytest.raises(
+        UserError,
+        match=r"max_new_tokens \(30\) is shorter than the injected ground truth \(31 tokens"
+        r".*raise max_new_tokens to >= 31 or shorten pipeline.kwargs.gt_span_template",
+    ):
         build_video(seed=0, device=torch.device("cpu"), cache_dir=cache, **{**kw, "max_new_tokens": 30})
     task = build_video(seed=0, device=torch.device("cpu"), cache_dir=cache, **{**kw, "max_new_tokens": 31})
     assert [task.policy._ground_truth(r).shape[1] for r in task.train_data] == [31] * 3
     # without injection the same budget is fine (nothing is injected)
-    build_video(seed=0, device=torch.device("cpu"), cache_dir=cache, **{**kw, "inject_ground_truth": False,
-                                                                        "max_new_tokens": 6})
+    build_video(
+        seed=0,
+        device=torch.device("cpu"),
+        cache_dir=cache,
+        **{**kw, "inject_ground_truth": False, "max_new_tokens": 6},
+    )
 
 
 def test_bad_ground_truth_template_is_a_user_error(cache):
@@ -168,8 +211,14 @@ def test_bad_ground_truth_template_is_a_user_error(cache):
 
 def test_evaluation_rollouts_inject_no_ground_truth(cache):
     """`mmgrpo eval` calls for_evaluation(): every member is sampled (an injected answer would score as the model's)."""
-    task = build_video(seed=0, device=torch.device("cpu"), model="tiny-random-qwen2.5-vl", cache_dir=cache,
-                       temporal="logp_gap", **INJECT)
+    task = build_video(
+        seed=0,
+        device=torch.device("cpu"),
+        model="tiny-random-qwen2.5-vl",
+        cache_dir=cache,
+        temporal="logp_gap",
+        **INJECT,
+    )
     pol = task.policy
     first = pol.rollout(task.train_data[:1], 3, [5])
     assert first.extras["injected"].tolist() == [False, False, True]

@@ -30,9 +30,11 @@ def _letters(samples, prompts=None):
 
 
 if "video_test_letters" not in REWARDS:
-    REWARDS.register("video_test_letters",
-                     lambda: FunctionReward(_letters, name="video_test_letters", preprocess="counts ASCII letters"),
-                     doc="test-only reward: share of ASCII letters")
+    REWARDS.register(
+        "video_test_letters",
+        lambda: FunctionReward(_letters, name="video_test_letters", preprocess="counts ASCII letters"),
+        doc="test-only reward: share of ASCII letters",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,36 +44,77 @@ def cache(tmp_path_factory):
 
 def _tiny(cache: str, out: Path, model: str = "tiny-random-qwen2-vl") -> list[str]:
     """Overrides that shrink any video recipe to a CPU smoke run: tiny random model, 4 ShapesWorld clips, 4 frames."""
-    return [f"run.output_dir={out}", "run.steps=2", "run.progress=false", "run.report=false", "run.device=cpu",
-            "run.mixed_precision=no", "run.checkpoint_every=0", "run.resume=never",
-            f"pipeline.kwargs.model={model}", f"pipeline.kwargs.cache_dir={cache}", "pipeline.kwargs.data=shapes_video",
-            "pipeline.kwargs.eval_data=null", "pipeline.kwargs.train_size=4", "pipeline.kwargs.eval_size=1",
-            "pipeline.kwargs.model_dtype=null", "pipeline.kwargs.min_pixels=null", "pipeline.kwargs.max_pixels=null",
-            "pipeline.kwargs.frame_mode=count", "pipeline.kwargs.num_frames=4", f"pipeline.kwargs.frame_cache={out}/fc",
-            "pipeline.kwargs.max_new_tokens=8", f"pipeline.kwargs.gt_span_template='{SHORT_GT}'", "sample.batch_size=8",
-            "sample.group_size=4",
-            "algo.micro_batch_size=4", "algo.num_minibatches=1", "optim.warmup_steps=0",
-            f"rewards=[{LETTERS}, {IOU}]"]
+    return [
+        f"run.output_dir={out}",
+        "run.steps=2",
+        "run.progress=false",
+        "run.report=false",
+        "run.device=cpu",
+        "run.mixed_precision=no",
+        "run.checkpoint_every=0",
+        "run.resume=never",
+        f"pipeline.kwargs.model={model}",
+        f"pipeline.kwargs.cache_dir={cache}",
+        "pipeline.kwargs.data=shapes_video",
+        "pipeline.kwargs.eval_data=null",
+        "pipeline.kwargs.train_size=4",
+        "pipeline.kwargs.eval_size=1",
+        "pipeline.kwargs.model_dtype=null",
+        "pipeline.kwargs.min_pixels=null",
+        "pipeline.kwargs.max_pixels=null",
+        "pipeline.kwargs.frame_mode=count",
+        "pipeline.kwargs.num_frames=4",
+        f"pipeline.kwargs.frame_cache={out}/fc",
+        "pipeline.kwargs.max_new_tokens=8",
+        f"pipeline.kwargs.gt_span_template='{SHORT_GT}'",
+        "sample.batch_size=8",
+        "sample.group_size=4",
+        "algo.micro_batch_size=4",
+        "algo.num_minibatches=1",
+        "optim.warmup_steps=0",
+        f"rewards=[{LETTERS}, {IOU}]",
+    ]
 
 
-TEMPSAMP = ["pipeline.kwargs.inject_ground_truth=true", "algo.advantage=tempsamp",
-            "algo.advantage_kwargs={column: 1, threshold: 0.8, alpha: 1.0, baseline: group}"]
+TEMPSAMP = [
+    "pipeline.kwargs.inject_ground_truth=true",
+    "algo.advantage=tempsamp",
+    "algo.advantage_kwargs={column: 1, threshold: 0.8, alpha: 1.0, baseline: group}",
+]
 METHODS = {
     "tempsamp": TEMPSAMP,
     "grpo": ["pipeline.kwargs.inject_ground_truth=false", "algo.advantage=grpo", "algo.advantage_kwargs={}"],
-    "tgrpo_generate": ["pipeline.kwargs.inject_ground_truth=false", "pipeline.kwargs.temporal=generate",
-                       f"rewards=[{LETTERS}, {IOU}, {{name: temporal_contrast, weight: 1.0}}]",
-                       "algo.advantage=grpo_bonus", "algo.advantage_kwargs={bonus_columns: [2]}"],
-    "tgrpo_logp_gap": ["pipeline.kwargs.inject_ground_truth=false", "pipeline.kwargs.temporal=logp_gap",
-                       f"rewards=[{LETTERS}, {IOU}, {{name: temporal_contrast, weight: 1.0}}]",
-                       "algo.advantage=grpo_bonus", "algo.advantage_kwargs={bonus_columns: [2]}"],
-    "reg_grpo_augment": ["pipeline.kwargs.inject_ground_truth=false", "algo.advantage=grpo",
-                         "algo.advantage_kwargs={}", "algo.loss=reg_grpo", "algo.loss_kwargs={}",
-                         "algo.aggregation=seq_mean_token_mean", "pipeline.kwargs.augment=true",
-                         "pipeline.kwargs.augment_hard_max=0.5"],
-    "grpo_care": ["pipeline.kwargs.inject_ground_truth=false", "algo.advantage=grpo", "algo.advantage_kwargs={}",
-                  "pipeline.kwargs.care_likelihood=true",
-                  f"rewards=[{LETTERS}, {{name: grpo_care, kwargs: {{accuracy: video_task}}}}]"],
+    "tgrpo_generate": [
+        "pipeline.kwargs.inject_ground_truth=false",
+        "pipeline.kwargs.temporal=generate",
+        f"rewards=[{LETTERS}, {IOU}, {{name: temporal_contrast, weight: 1.0}}]",
+        "algo.advantage=grpo_bonus",
+        "algo.advantage_kwargs={bonus_columns: [2]}",
+    ],
+    "tgrpo_logp_gap": [
+        "pipeline.kwargs.inject_ground_truth=false",
+        "pipeline.kwargs.temporal=logp_gap",
+        f"rewards=[{LETTERS}, {IOU}, {{name: temporal_contrast, weight: 1.0}}]",
+        "algo.advantage=grpo_bonus",
+        "algo.advantage_kwargs={bonus_columns: [2]}",
+    ],
+    "reg_grpo_augment": [
+        "pipeline.kwargs.inject_ground_truth=false",
+        "algo.advantage=grpo",
+        "algo.advantage_kwargs={}",
+        "algo.loss=reg_grpo",
+        "algo.loss_kwargs={}",
+        "algo.aggregation=seq_mean_token_mean",
+        "pipeline.kwargs.augment=true",
+        "pipeline.kwargs.augment_hard_max=0.5",
+    ],
+    "grpo_care": [
+        "pipeline.kwargs.inject_ground_truth=false",
+        "algo.advantage=grpo",
+        "algo.advantage_kwargs={}",
+        "pipeline.kwargs.care_likelihood=true",
+        f"rewards=[{LETTERS}, {{name: grpo_care, kwargs: {{accuracy: video_task}}}}]",
+    ],
 }
 
 
@@ -91,9 +134,16 @@ def test_grounding_recipe_starts_from_the_shipped_model_and_its_tempsamp_variant
 
     path = ROOT / "configs" / "video" / "shapes_grounding.yaml"
     assert load_config(path).pipeline.kwargs["model"] == "assets/shapes-video"
-    cfg = load_config(path, TEMPSAMP + [f"pipeline.kwargs.model={ROOT / 'assets' / 'shapes-video'}",
-                                        f"pipeline.kwargs.cache_dir={cache}", "pipeline.kwargs.train_size=4",
-                                        "pipeline.kwargs.eval_size=1"])
+    cfg = load_config(
+        path,
+        TEMPSAMP
+        + [
+            f"pipeline.kwargs.model={ROOT / 'assets' / 'shapes-video'}",
+            f"pipeline.kwargs.cache_dir={cache}",
+            "pipeline.kwargs.train_size=4",
+            "pipeline.kwargs.eval_size=1",
+        ],
+    )
     task = build_video(seed=0, device=torch.device("cpu"), **cfg.pipeline.kwargs)
     r = task.policy.rollout(task.train_data[:1], 2, [3])
     assert r.extras["injected"].tolist() == [False, True] and r.samples[1].startswith("<think>Find the event.</think>")
@@ -155,16 +205,24 @@ def test_method_two_training_steps(cache, tmp_path, method):
 
 
 def test_tempsamp_on_qwen25(cache, tmp_path):
-    cfg = load_config(ROOT / "configs" / "video" / "shapes_grounding.yaml",
-                      _tiny(cache, tmp_path, model="tiny-random-qwen2.5-vl") + TEMPSAMP)
+    cfg = load_config(
+        ROOT / "configs" / "video" / "shapes_grounding.yaml",
+        _tiny(cache, tmp_path, model="tiny-random-qwen2.5-vl") + TEMPSAMP,
+    )
     _two_steps(cfg, tmp_path)
 
 
 def test_demo_prints_before_and_after(cache, tmp_path, capsys):
     from pipelines.video import demo
 
-    demo.main([str(ROOT / "configs" / "video" / "shapes_grounding.yaml"), *_tiny(cache, tmp_path),
-               "pipeline.kwargs.eval_size=2", f"rewards=[{IOU}, {R05}]"])
+    demo.main(
+        [
+            str(ROOT / "configs" / "video" / "shapes_grounding.yaml"),
+            *_tiny(cache, tmp_path),
+            "pipeline.kwargs.eval_size=2",
+            f"rewards=[{IOU}, {R05}]",
+        ]
+    )
     out = capsys.readouterr().out
     assert "before (ckpt=none)" in out and "mIoU" in out and "R@0.5" in out
     last = out.strip().splitlines()[-1]
@@ -187,13 +245,13 @@ def _header_variants(path: Path) -> dict[str, list[str]]:
         if len(body) > 12 and body[12] != " ":
             name = re.match(r"\S+(?: \S+)?(?=\s{2,}|$)", body[12:]).group(0)
             out[name] = []
-        text = body[12 + len(name):] if out[name] == [] else body
+        text = body[12 + len(name) :] if out[name] == [] else body
         for m in re.finditer(r"(?<![\w.(])((?:pipeline|algo|rewards|sample|optim|run)[\w.]*)=", text):
             i, depth = m.end(), 0
             while i < len(text) and (depth or not text[i].isspace()):
                 depth += {"{": 1, "[": 1, "}": -1, "]": -1}.get(text[i], 0)
                 i += 1
-            out[name].append(text[m.start():i])
+            out[name].append(text[m.start() : i])
     return out
 
 
@@ -240,9 +298,11 @@ def test_gpu_recipe_two_steps_on_charades_style_jsonl(cache, tmp_path):
     out = tmp_path / "run"
     # the recipe's own frame sampling (2 fps: 4 s -> 8 frames) and pixel bounds, not the smoke-run overrides
     keep = ("pipeline.kwargs.frame_mode", "pipeline.kwargs.min_pixels", "pipeline.kwargs.max_pixels")
-    cfg = load_config(ROOT / "configs" / "video" / "qwen25vl_7b_charades.yaml",
-                      [o for o in _tiny(cache, out, model="tiny-random-qwen2.5-vl") if not o.startswith(keep)]
-                      + [f"pipeline.kwargs.data={data}", "pipeline.kwargs.train_size=null"])
+    cfg = load_config(
+        ROOT / "configs" / "video" / "qwen25vl_7b_charades.yaml",
+        [o for o in _tiny(cache, out, model="tiny-random-qwen2.5-vl") if not o.startswith(keep)]
+        + [f"pipeline.kwargs.data={data}", "pipeline.kwargs.train_size=null"],
+    )
     kw = cfg.pipeline.kwargs
     assert kw["skip_bad_videos"] and kw["inject_ground_truth"] and kw["frame_mode"] == "fps"
     rows = _two_steps(cfg, out)
@@ -264,12 +324,30 @@ def test_video_r1_recipe_two_steps_on_video_r1_json(cache, tmp_path):
     rows = []
     for i in range(4):
         write_mp4(tmp_path / "v" / f"c{i}.mp4", rng.integers(0, 256, (16, 64, 64, 3), dtype=np.uint8), 4)
-        mc = {"problem": f"What happens {i}?", "problem_type": "multiple choice", "options": ["A. x", "B. y"],
-              "solution": "<answer>B</answer>"}
-        num = {"problem": f"How many {i}?", "problem_type": "numerical", "options": [], "solution": "<answer>3</answer>"}
+        mc = {
+            "problem": f"What happens {i}?",
+            "problem_type": "multiple choice",
+            "options": ["A. x", "B. y"],
+            "solution": "<answer>B</answer>",
+        }
+        num = {
+            "problem": f"How many {i}?",
+            "problem_type": "numerical",
+            "options": [],
+            "solution": "<answer>3</answer>",
+        }
         rows.append({"problem_id": i, "data_type": "video", "path": f"./v/c{i}.mp4", **(mc if i % 2 else num)})
-    rows.append({"problem_id": 9, "data_type": "image", "path": "./img.png", "problem": "?",
-                 "problem_type": "multiple choice", "options": ["A. x"], "solution": "<answer>A</answer>"})
+    rows.append(
+        {
+            "problem_id": 9,
+            "data_type": "image",
+            "path": "./img.png",
+            "problem": "?",
+            "problem_type": "multiple choice",
+            "options": ["A. x"],
+            "solution": "<answer>A</answer>",
+        }
+    )
     src = tmp_path / "Video-R1-260k.json"
     src.write_text(json.dumps(rows))
     data = tmp_path / "out" / "train.jsonl"
@@ -280,13 +358,22 @@ def test_video_r1_recipe_two_steps_on_video_r1_json(cache, tmp_path):
     src.write_text(json.dumps([{"problem": "?", "problem_type": "essay", "solution": "x", "path": "a.mp4"}]))
     assert convert_main([str(src), str(tmp_path / "bad.jsonl")]) == 2  # one line naming the row and the field
     out = tmp_path / "run"
-    keep = ("pipeline.kwargs.frame_mode", "pipeline.kwargs.min_pixels", "pipeline.kwargs.max_pixels",
-            "pipeline.kwargs.max_new_tokens")
-    cfg = load_config(ROOT / "configs" / "video" / "qwen25vl_7b_video_r1.yaml",
-                      [o for o in _tiny(cache, out, model="tiny-random-qwen2.5-vl") if not o.startswith(keep)]
-                      + [f"pipeline.kwargs.data={data}", "pipeline.kwargs.train_size=null",
-                         "pipeline.kwargs.max_new_tokens=8",
-                         f"rewards=[{LETTERS}, {TASK}, {{name: temporal_contrast, weight: 1.0}}]"])
+    keep = (
+        "pipeline.kwargs.frame_mode",
+        "pipeline.kwargs.min_pixels",
+        "pipeline.kwargs.max_pixels",
+        "pipeline.kwargs.max_new_tokens",
+    )
+    cfg = load_config(
+        ROOT / "configs" / "video" / "qwen25vl_7b_video_r1.yaml",
+        [o for o in _tiny(cache, out, model="tiny-random-qwen2.5-vl") if not o.startswith(keep)]
+        + [
+            f"pipeline.kwargs.data={data}",
+            "pipeline.kwargs.train_size=null",
+            "pipeline.kwargs.max_new_tokens=8",
+            f"rewards=[{LETTERS}, {TASK}, {{name: temporal_contrast, weight: 1.0}}]",
+        ],
+    )
     kw = cfg.pipeline.kwargs
     assert kw["temporal"] == "generate" and cfg.algo.advantage == "grpo_bonus" and kw["frame_mode"] == "fps"
     rows = _two_steps(cfg, out)

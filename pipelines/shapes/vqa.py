@@ -18,11 +18,11 @@ from pipelines.shapes.scenes import (
     SIZE_RANGE,
     Scene,
     SceneObject,
-    stable_hash,
+    _place,
     ground_truth_scenes,
     list_prompts,
-    _place,
     relation_holds,
+    stable_hash,
 )
 
 QUESTION_TYPES = ("count", "color", "shape", "existence", "position", "arithmetic")
@@ -224,13 +224,13 @@ def read_vqa_jsonl(path: str | Path) -> list[dict]:
     from PIL import Image
 
     path = Path(path)
-    rows = [json.loads(line) for line in open(path) if line.strip()]
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     for row in rows:
         row["image"] = np.asarray(Image.open(path.parent / row["image"]).convert("RGB"))
     return rows
 
 
-_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.S | re.I)
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _NUMBERS = {w: str(n) for n, w in NUMBER_WORDS.items()} | {"zero": "0", "five": "5", "six": "6", "seven": "7"}
 
 

@@ -83,8 +83,14 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
 
     from pipelines.video.data import SHAPES_VIDEO, load_records, video_prompt_tokens
     from pipelines.video.policy import FrameSettings, MethodSettings, VideoPolicy
-    from pipelines.vlm.build import (DTYPES, _check, _shared_mode, apply_training_mode, check_attn_implementation,
-                                     load_model)
+    from pipelines.vlm.build import (
+        DTYPES,
+        _check,
+        _shared_mode,
+        apply_training_mode,
+        check_attn_implementation,
+        load_model,
+    )
     from pipelines.vlm.data import check_prompt_lengths, model_positions, model_special_tokens
     from pipelines.vlm.methods import CareLikelihood
     from pipelines.vlm.policy import SampleSettings, VLMModule
