@@ -56,6 +56,7 @@ def _check_injected_length(policy: Any, records: list[dict[str, Any]], max_new_t
 
 def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.float32,
                 model: str = "tiny-random-qwen2-vl", data: str = "shapes_video", eval_data: str | None = None,
+                eval_split: str = "val",
                 train_size: int | None = 64, eval_size: int | None = 16, shapes_types: list[str] | None = None,
                 shapes_frames: int = 24, shapes_resolution: int = 64, skip_bad_videos: bool = False,
                 time_prompt: bool = True,
@@ -91,10 +92,11 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
         check_attn_implementation,
         load_model,
     )
-    from pipelines.vlm.data import check_prompt_lengths, model_positions, model_special_tokens
+    from pipelines.vlm.data import check_eval_split, check_prompt_lengths, model_positions, model_special_tokens
     from pipelines.vlm.methods import CareLikelihood
     from pipelines.vlm.policy import SampleSettings, VLMModule
 
+    check_eval_split(eval_split)
     _check(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, logp_chunk_tokens=logp_chunk_tokens,
            model_dtype=model_dtype, max_prompt_length=max_prompt_length)
     _check_video(temporal=temporal, temporal_samples=temporal_samples, frame_mode=frame_mode,
@@ -105,7 +107,7 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
               "shapes_resolution": shapes_resolution, "skip_bad_videos": skip_bad_videos,
               "time_prompt": time_prompt, "cache_dir": cache_dir}
     train = load_records(data, split="train", size=train_size, field="pipeline.kwargs.data", **common)
-    evals = load_records(eval_data or SHAPES_VIDEO, split="val", size=eval_size, field="pipeline.kwargs.eval_data",
+    evals = load_records(eval_data or SHAPES_VIDEO, split=eval_split, size=eval_size, field="pipeline.kwargs.eval_data",
                          **common) if (eval_data or data == SHAPES_VIDEO) else []
     if inject_ground_truth and any(r.get("spans") is None and r.get("answers") is None for r in train):
         raise UserError("pipeline.kwargs.inject_ground_truth=true needs spans or answers in every training record")

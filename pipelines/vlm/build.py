@@ -191,6 +191,7 @@ def build_vlm(
     model: str = "tiny-random-qwen2-vl",
     data: str = "shapes_vqa",
     eval_data: str | None = None,
+    eval_split: str = "val",
     train_size: int | None = 256,
     eval_size: int | None = 64,
     resolution: int = 32,
@@ -236,9 +237,11 @@ def build_vlm(
 
     max_prompt_length: refuse (or, with skip_bad_images, skip) records whose chat prompt, image tokens included, is
     longer; every prompt must also leave max_new_tokens within the model's positions. Text is never silently cut.
+    eval_split: the split of the eval records (`mmgrpo eval`): val while tuning, test for a reported held-out number.
     """
     from pipelines.vlm.data import (
         SHAPES_VQA,
+        check_eval_split,
         check_prompt_lengths,
         load_records,
         max_images,
@@ -250,6 +253,7 @@ def build_vlm(
     from pipelines.vlm.policy import SampleSettings, VLMModule, VLMPolicy, chat_prompt
     from pipelines.vlm.rollout import make_backend
 
+    check_eval_split(eval_split)
     _check(
         max_new_tokens=max_new_tokens,
         temperature=temperature,
@@ -276,7 +280,9 @@ def build_vlm(
     }
     train = load_records(data, split="train", size=train_size, field="pipeline.kwargs.data", **common)
     evals = (
-        load_records(eval_data or SHAPES_VQA, split="val", size=eval_size, field="pipeline.kwargs.eval_data", **common)
+        load_records(
+            eval_data or SHAPES_VQA, split=eval_split, size=eval_size, field="pipeline.kwargs.eval_data", **common
+        )
         if (eval_data or data == SHAPES_VQA)
         else []
     )

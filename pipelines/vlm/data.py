@@ -329,6 +329,19 @@ def hf_records(
     )
 
 
+EVAL_SPLITS = ("val", "test", "train")
+
+
+def check_eval_split(split: str) -> None:
+    """`pipeline.kwargs.eval_split` names the split `mmgrpo eval` and the end-of-run table score: val while tuning,
+    test once for the held-out number a report states."""
+    if split not in EVAL_SPLITS:
+        raise UserError(
+            f"pipeline.kwargs.eval_split={split!r} is not a split; use one of {', '.join(EVAL_SPLITS)} (val while "
+            f"tuning, test for the held-out number you report)"
+        )
+
+
 def load_records(
     data: str,
     *,
