@@ -5,12 +5,12 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mmgrpo-installed
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo demo-clean test bench gpu-check clean
+.PHONY: install demo demo-clean test docs bench gpu-check clean
 
 $(STAMP): pyproject.toml requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,docs]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -30,6 +30,10 @@ demo-clean:
 test: $(STAMP)
 	$(OFFLINE) $(PY) -m pytest -q
 
+# the documentation site (mkdocs.yml), built strictly as CI does: a broken link or reference fails; output in site/
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(OFFLINE) $(PY) bench/run_all.py
@@ -38,4 +42,4 @@ gpu-check: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/mmgrpo doctor
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site

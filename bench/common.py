@@ -161,9 +161,9 @@ def git_commit() -> str:
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
                              timeout=10, check=False)
-        # the run's own outputs (sections, plots, results.md, the README table) do not make the code dirty
+        # the run's own outputs (sections, plots, results.md, the docs' table) do not make the code dirty
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":!bench/sections", ":!bench/plots", ":!bench/results.md", ":!README.md"], cwd=REPO,
+                                ":!bench/sections", ":!bench/plots", ":!bench/results.md", ":!docs/performance.md"], cwd=REPO,
                                capture_output=True, text=True, timeout=10, check=False).stdout.strip()
         return out.stdout.strip() + (" (with uncommitted changes)" if dirty else "") if out.returncode == 0 else "?"
     except (OSError, subprocess.SubprocessError):
@@ -191,7 +191,7 @@ def write_section(name: str, markdown: str, *, sections_dir: Path | None = None)
 
 
 def write_summary(name: str, rows: list[tuple[str, str, str]], *, sections_dir: Path | None = None) -> Path:
-    """Store one script's rows of the performance table (results.md's summary and the README's copy of it).
+    """Store one script's rows of the performance table (results.md's summary and docs/performance.md's copy of it).
 
     rows: (comparison, measured, target) strings, e.g. ("VLM: prefix-shared vs plain ...", "3.06x faster", ">= 4x").
     """
@@ -218,8 +218,8 @@ README_START, README_END = "<!-- bench:summary:start -->", "<!-- bench:summary:e
 
 
 def update_readme(table: str, readme: Path | None = None) -> bool:
-    """Replace the README's table between the bench:summary markers with `table`; False when the markers are absent."""
-    path = Path(readme) if readme is not None else REPO / "README.md"
+    """Replace the table between the bench:summary markers (docs/performance.md) with `table`; False without them."""
+    path = Path(readme) if readme is not None else REPO / "docs" / "performance.md"
     text = path.read_text()
     i, j = text.find(README_START), text.find(README_END)
     if i < 0 or j < i:

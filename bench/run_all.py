@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     assemble_results(header=header)
     print(f"wrote {BENCH_DIR / 'results.md'}")
     if update_readme(summary_table()):
-        print("updated README.md's performance table from it")
+        print("updated docs/performance.md's performance table from it")
     return 0 if ok else 1
 
 

@@ -339,7 +339,7 @@ def verdict(results: list[dict[str, Any]]) -> str:
 
 
 def summary_row(results: list[dict[str, Any]]) -> tuple[str, str, str]:
-    """The README performance table's row."""
+    """The performance table's row (docs/performance.md)."""
     parts = [f"{r['pair']['median']:.2f}x{' faster' if i == 0 else ''}, "
              f"{r['mem']['mmgrpo'] / r['mem']['trl_fit']:.2f}x{' peak memory' if i == 0 else ''} "
              f"({r['s']['resolution']} px)" for i, r in enumerate(results)]
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     md = section(results, cmd=cmd, seconds=time.perf_counter() - t_start, trl_version=trl.__version__,
                  gflops=matmul_gflops())
     path = write_section("vlm_vs_trl", md)
-    if not args.quick:  # a smoke run does not replace the README's row
+    if not args.quick:  # a smoke run does not replace the performance table's row
         write_summary("vlm_vs_trl", [summary_row(results)])
     print(md)
     print(f"\nwrote {path}")

@@ -1,6 +1,6 @@
 """Cross-cutting contracts of the core maths (issue 2, item 7): every estimator on equal-reward groups and G = 1,
 [B, G] vs flattened (verl-style uid) equivalence, KL with masked garbage and under gradient accumulation, the
-MC-GRPO authors' rescale, the issue's signatures, unknown names, and the README "Core maths" listing.
+MC-GRPO authors' rescale, the issue's signatures, unknown names, and the docs' "Core maths" listing (docs/maths.md).
 
 Expected values come from plain-Python references (statistics module, dicts keyed by prompt uid) or are worked by
 hand in the comments; nothing is copied from running the code under test.
@@ -24,7 +24,7 @@ from mmgrpo.losses import aggregate, denominator, kl, policy_loss
 
 F64 = torch.float64
 MODES = ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"]
-README = Path(__file__).resolve().parents[1] / "README.md"
+MATHS_DOC = Path(__file__).resolve().parents[1] / "docs" / "maths.md"
 
 # every core estimator, with option sets that take different code paths (eps = 0 where the estimator allows it)
 ESTIMATORS = [
@@ -304,7 +304,7 @@ def test_every_unknown_name_lists_the_choices(call, choices):
         call()
 
 
-# ---------------------------------------------------------------- README "Core maths" documents every core name
+# ---------------------------------------------------------------- docs/maths.md documents every core name
 
 
 def _core_names() -> dict[str, list[str]]:
@@ -320,15 +320,14 @@ def _core_names() -> dict[str, list[str]]:
     }
 
 
-def test_readme_core_maths_has_formula_and_paper_for_every_core_name():
-    text = README.read_text()
-    section = text.split("\n## Core maths\n", 1)[1].split("\n## ", 1)[0]
+def test_docs_core_maths_has_formula_and_paper_for_every_core_name():
+    section = MATHS_DOC.read_text()
     rows = [line for line in section.splitlines() if line.startswith("| ")]
     names = _core_names()
     assert all(names.values())
     for kind, group in names.items():
         for name in group:
             hits = [r for r in rows if re.search(rf"`{name}`", r)]
-            assert hits, f"README Core maths has no table row for {kind} {name!r}"
+            assert hits, f"docs/maths.md has no table row for {kind} {name!r}"
             cells = [c.strip() for c in hits[0].strip("|").split("|")]
             assert len(cells) >= 3 and all(cells), f"{kind} {name!r}: formula or paper cell empty: {hits[0]}"
