@@ -56,10 +56,9 @@ def _check_injected_length(policy: Any, records: list[dict[str, Any]], max_new_t
 
 def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.float32,
                 model: str = "tiny-random-qwen2-vl", data: str = "shapes_video", eval_data: str | None = None,
-                eval_split: str = "val",
                 train_size: int | None = 64, eval_size: int | None = 16, shapes_types: list[str] | None = None,
                 shapes_frames: int = 24, shapes_resolution: int = 64, skip_bad_videos: bool = False,
-                time_prompt: bool = True,
+                time_prompt: bool = True, eval_split: str = "val",
                 frame_mode: str = "count", num_frames: int = 8, frame_fps: float = 2.0, token_budget: int = 1024,
                 pixels_per_frame: int = 128 * 28 * 28, min_frames: int = 2, max_frames: int = 64,
                 frame_strategy: str = "uniform", video_backend: str = "auto", frame_cache: str | None = None,
@@ -92,13 +91,12 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
         check_attn_implementation,
         load_model,
     )
-    from pipelines.vlm.data import check_eval_split, check_prompt_lengths, model_positions, model_special_tokens
+    from pipelines.vlm.data import check_prompt_lengths, model_positions, model_special_tokens
     from pipelines.vlm.methods import CareLikelihood
     from pipelines.vlm.policy import SampleSettings, VLMModule
 
-    check_eval_split(eval_split)
     _check(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, logp_chunk_tokens=logp_chunk_tokens,
-           model_dtype=model_dtype, max_prompt_length=max_prompt_length)
+           model_dtype=model_dtype, max_prompt_length=max_prompt_length, eval_split=eval_split)
     _check_video(temporal=temporal, temporal_samples=temporal_samples, frame_mode=frame_mode,
                  frame_strategy=frame_strategy, video_backend=video_backend, num_frames=num_frames,
                  min_frames=min_frames, max_frames=max_frames, augment_noise=augment_noise,

@@ -240,10 +240,7 @@ def build_vlm(
     eval_split: the split of the eval records (`mmgrpo eval`): val while tuning, test for a reported held-out number.
     """
     from pipelines.vlm.data import (
-        SHAPES_VQA,
-        check_eval_split,
         check_prompt_lengths,
-        load_records,
         max_images,
         model_positions,
         model_special_tokens,
@@ -253,8 +250,8 @@ def build_vlm(
     from pipelines.vlm.policy import SampleSettings, VLMModule, VLMPolicy, chat_prompt
     from pipelines.vlm.rollout import make_backend
 
-    check_eval_split(eval_split)
     _check(
+        eval_split=eval_split,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_p=top_p,
@@ -272,20 +269,8 @@ def build_vlm(
         max_new_tokens=max_new_tokens,
         prompts_per_call=rollout_prompts_per_call,
     )
-    common = {
-        "seed": seed,
-        "resolution": resolution,
-        "question_types": question_types,
-        "skip_bad_images": skip_bad_images,
-    }
-    train = load_records(data, split="train", size=train_size, field="pipeline.kwargs.data", **common)
-    evals = (
-        load_records(
-            eval_data or SHAPES_VQA, split=eval_split, size=eval_size, field="pipeline.kwargs.eval_data", **common
-        )
-        if (eval_data or data == SHAPES_VQA)
-        else []
-    )
+    common = {"seed": seed, "resolution": resolution, "question_types": question_types}
+    train, evals = _records(data, eval_data, eval_split, train_size, eval_size, skip_bad_images, **common)
     # before the model loads: a missing vllm package or GPU fails in a second, not after loading 7B weights
     check_attn_implementation(attn_implementation, device)
     backend = make_backend(
@@ -372,7 +357,22 @@ def build_vlm(
     return Task(policy=policy, module=module, train_data=train, eval_data=evals, rewards=rewards)
 
 
+def _records(data, eval_data, eval_split, train_size, eval_size, skip_bad_images, **common) -> tuple[list, list]:
+    """(train, eval) records: eval from `eval_data`, or from the ShapesWorld split `eval_split` when training on it."""
+    from pipelines.vlm.data import SHAPES_VQA, load_records
+
+    common["skip_bad_images"] = skip_bad_images
+    train = load_records(data, split="train", size=train_size, field="pipeline.kwargs.data", **common)
+    if not (eval_data or data == SHAPES_VQA):
+        return train, []
+    field = "pipeline.kwargs.eval_data"
+    return train, load_records(eval_data or SHAPES_VQA, split=eval_split, size=eval_size, field=field, **common)
+
+
 def _check(**kw: Any) -> None:
+    from pipelines.vlm.data import check_eval_split
+
+    check_eval_split(kw.get("eval_split", "val"))
     if kw["max_new_tokens"] < 1:
         raise UserError(f"pipeline.kwargs.max_new_tokens ({kw['max_new_tokens']}) must be >= 1")
     from pipelines.vlm.data import text_problem
