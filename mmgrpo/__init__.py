@@ -3,7 +3,7 @@
 Public API: `train`, `Config`, `load_config` and the registries; the maths lives in advantages, losses, sampling.
 """
 
-from mmgrpo import reinforce  # noqa: F401  registers the REINFORCE-style losses (dispo)
+from mmgrpo import preference, reinforce  # noqa: F401  register DPO + verifier_pairs, and dispo
 from mmgrpo.advantages import ADVANTAGES
 from mmgrpo.config import Config, load_config
 from mmgrpo.losses import AGGREGATIONS, KL, POLICY_LOSSES

@@ -100,6 +100,22 @@ class SampleConfig:
 
 
 @dataclass
+class PhaseConfig:
+    steps: int = 1
+    """consecutive training steps of this phase"""
+    advantage: str = ""
+    """advantage estimator during the phase ("" keeps algo.advantage); VerIPO's DPO phase: verifier_pairs"""
+    advantage_kwargs: dict | None = None
+    """its keyword arguments (null keeps algo.advantage_kwargs)"""
+    loss: str = ""
+    """policy loss during the phase ("" keeps algo.loss); VerIPO's DPO phase: dpo"""
+    loss_kwargs: dict | None = None
+    """its keyword arguments (null keeps algo.loss_kwargs)"""
+    aggregation: str = ""
+    """aggregation during the phase ("" keeps algo.aggregation)"""
+
+
+@dataclass
 class AlgoConfig:
     advantage: str = "grpo"
     """advantage estimator (`mmgrpo list advantages`)"""
@@ -134,6 +150,9 @@ class AlgoConfig:
     """with micro_batch_size=auto (ignored otherwise): GB (1e9 bytes) one forward/backward may add on top of what
     is already allocated (weights, optimizer state, rollout); null: 80% of the free CUDA memory at the probe, or
     half the available RAM on the CPU"""
+    phases: list[PhaseConfig] = field(default_factory=list)
+    """a schedule cycled over the steps, each phase overriding the estimator, loss and aggregation for its steps
+    (VerIPO arXiv:2505.19000: GRPO phases, then DPO phases on verifier pairs); empty: every step uses the above"""
 
 
 @dataclass

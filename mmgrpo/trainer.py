@@ -4,16 +4,16 @@ Read `train` top to bottom; set-up, update and saving live in small helpers abov
 """
 
 import copy
+import dataclasses
 import inspect
 import time
 import warnings
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from mmgrpo import losses
+from mmgrpo import losses, phases
 from mmgrpo.collect import Batch, collect
 from mmgrpo.config import Config
 from mmgrpo.credit import compute_advantages, kl_into_reward
@@ -31,35 +31,8 @@ from mmgrpo.runtime import (
     sync_context,
 )
 from mmgrpo.setup import Run, save_checkpoint, setup
+from mmgrpo.stepstats import _Acc, _per_element
 from mmgrpo.tracking import save_gallery
-
-
-@dataclass
-class _Acc:
-    """Running, element-weighted means of per-micro-batch metrics, kept as float64 device tensors: the host reads
-    them once, in means(), instead of once per metric and micro-batch (each read waits for the GPU to drain).
-
-    A value may be a pair (value, present): its weight is then weight * present (per-step metrics of a K chunk)."""
-
-    sums: dict[str, Tensor] = field(default_factory=dict)
-    weights: dict[str, Tensor] = field(default_factory=dict)
-
-    def add(self, metrics: dict[str, Any], weight: Tensor | float) -> None:
-        for k, v in metrics.items():
-            v, on = v if isinstance(v, tuple) else (v, True)
-            v = torch.as_tensor(v).detach().double()
-            w = torch.as_tensor(weight).to(v.device, non_blocking=True).double() * on
-            # weight 0 (padding pieces, fully masked micro-batches) must not let 0 * NaN poison the sum
-            self.sums[k] = self.sums.get(k, 0.0) + torch.where(w > 0, v * w, 0.0)
-            self.weights[k] = self.weights.get(k, 0.0) + w
-
-    def means(self) -> dict[str, float]:
-        if not self.sums:
-            return {}
-        keys = list(self.sums)
-        dev = self.sums[keys[0]].device
-        pairs = torch.stack([torch.stack([self.sums[k].to(dev), self.weights[k].to(dev)]) for k in keys]).tolist()
-        return {k: s / w for k, (s, w) in zip(keys, pairs) if w > 0}
 
 
 def _loss_for(
@@ -113,41 +86,12 @@ def _loss_for(
     return loss * run.accelerator.num_processes, metrics, rows_ok  # DDP averages gradients; denominators global
 
 
-def _per_element(
-    logp: Tensor, old: Tensor, m: Tensor, k0: int, clip_low: float = 0.2, clip_high: float = 0.2
-) -> dict[str, tuple[Tensor, Tensor]]:
-    """Per decision index (e.g. denoising step), for pipelines that ask: the raw ratio's mean, population std and
-    the fractions above 1 + clip_high and below 1 - clip_low (the over-optimisation monitor of GRPO-Guard).
-
-    Each value comes with a flag, "index j has an unmasked element here", which weights it in the running mean
-    (testing the flag on the host would wait for the device once per index)."""
-    ratio = torch.exp((logp - old).clamp(-20, 20))  # [n, k]
-    cnt = m.sum(0).clamp(min=1)  # [k]
-    mean = torch.where(m, ratio, 0.0).sum(0) / cnt  # [k]
-    std = (torch.where(m, (ratio - mean) ** 2, 0.0).sum(0) / cnt).sqrt()  # [k]
-    upper = (m & (ratio > 1 + clip_high)).to(ratio.dtype).sum(0) / cnt  # [k]
-    lower = (m & (ratio < 1 - clip_low)).to(ratio.dtype).sum(0) / cnt  # [k]
-    present = m.any(0)  # [k]
-    out = {}
-    for j in range(mean.numel()):
-        k, on = k0 + j, present[j]
-        out.update(
-            {
-                f"ratio/k{k}": (mean[j], on),
-                f"ratio/k{k}/std": (std[j], on),
-                f"ratio/k{k}/clip_upper": (upper[j], on),
-                f"ratio/k{k}/clip_lower": (lower[j], on),
-            }
-        )
-    return out
-
-
 def _k_slices(run: Run, k: int) -> list[slice | None]:
     """Chunks of the decision axis for policies that bound memory by one backward per chunk (flow steps)."""
     chunk = getattr(run.policy, "k_chunk", None)
     if not chunk or chunk >= k:
         return [None]
-    if run.cfg.algo.loss_kwargs.get("level", "token") == "sequence" or run.cfg.algo.loss == "reg_grpo":
+    if run.cfg.algo.loss_kwargs.get("level", "token") == "sequence" or losses.needs_groups(run.cfg.algo.loss):
         raise ValueError(
             f"algo.loss={run.cfg.algo.loss!r} with sequence-level ratios needs all of K in one pass; "
             f"set the pipeline's k_chunk to null or use the token-level clipped loss"
@@ -168,6 +112,25 @@ def _reference(run: Run, batch: Batch) -> Tensor | None:
     n, mb = batch.rollout.num_samples, run.micro_batch_size
     parts = [run.policy.ref_logp(batch.rollout, torch.arange(i, min(i + mb, n))) for i in range(0, n, mb)]
     return None if parts[0] is None else torch.cat(parts).float()  # [N, K]
+
+
+@torch.no_grad()
+def _against_reference(run: Run, batch: Batch) -> Batch:
+    """The batch with the reference policy's log-probs [N, K] in rollout.old_logp, for losses registered with
+    reference=True (DPO: its logit is the policy-minus-reference margin)."""
+    roll, mb = batch.rollout, run.micro_batch_size
+    parts = [
+        run.policy.ref_logp(roll, torch.arange(i, min(i + mb, roll.num_samples)))
+        for i in range(0, roll.num_samples, mb)
+    ]
+    if parts[0] is None:
+        raise UserError(
+            f"algo.loss={run.cfg.algo.loss!r} compares the policy with a frozen reference, which this pipeline has "
+            f"switched off; set pipeline.kwargs.reference=auto, or use another algo.loss"
+        )
+    extras = {k: v for k, v in roll.extras.items() if k != "old_logp_deferred"}
+    ref = torch.cat(parts).float().to(roll.old_logp.device)  # [N, K]
+    return dataclasses.replace(batch, rollout=dataclasses.replace(roll, old_logp=ref, extras=extras))
 
 
 def _minibatches(run: Run, mask: Tensor, step: int, epoch: int) -> list[Tensor]:
@@ -210,6 +173,8 @@ def update(run: Run, batch: Batch, adv: Tensor, use: Tensor, step: int) -> tuple
     mask = batch.rollout.mask & use[:, None]  # [N, K]
     if run.micro_batch_size is None:
         run.micro_batch_size = _auto_micro_batch(run, batch, adv, mask)
+    if losses.POLICY_LOSSES.meta(a.loss).get("reference"):
+        batch = _against_reference(run, batch)  # DPO reads the frozen reference's log-probs as old_logp
     ref = _reference(run, batch)
     acc_metrics, ok, rows = _Acc(), True, []
     for epoch in range(a.inner_epochs):
@@ -365,7 +330,22 @@ def _rollout_phase(run: Run, step: int) -> Batch:
 
 
 def _learn_phase(run: Run, batch: Batch, step: int) -> tuple[dict[str, float], str | None]:
-    """Steps 3-4: group-relative advantages over the global batch, then clipped updates; the reason when skipped."""
+    """Steps 3-4 under this step's phase of algo.phases (run.cfg is the phase's for their length)."""
+    base, run.cfg = run.cfg, phases.config_at(run.cfg, step)
+    try:
+        metrics, bad = _advantages_and_update(run, batch, step)
+    finally:
+        run.cfg = base
+    if base.algo.phases:
+        metrics["phase"] = float(phases.phase_index(base.algo.phases, step))
+    with warnings.catch_warnings():  # a skipped (NaN) update still advances the schedule: lr = f(step)
+        warnings.simplefilter("ignore", UserWarning)
+        run.scheduler.step()
+    return metrics, bad
+
+
+def _advantages_and_update(run: Run, batch: Batch, step: int) -> tuple[dict[str, float], str | None]:
+    """Group-relative advantages over the global batch, then clipped updates; the reason when skipped."""
     bad = _nonfinite_rewards(run, batch)
     metrics: dict[str, float] = {}
     if bad is None and run.cfg.algo.kl_reward_coef > 0:
@@ -377,9 +357,6 @@ def _learn_phase(run: Run, batch: Batch, step: int) -> tuple[dict[str, float], s
         upd, ok, bad_samples = update(run, batch, adv, use, step)
         metrics.update({**adv_stats, **upd, "time/advantages": t1 - t0, "time/update": time.perf_counter() - t1})
         bad = None if ok else _nonfinite_loss(run, batch, bad_samples)
-    with warnings.catch_warnings():  # a skipped (NaN) update still advances the schedule: lr = f(step)
-        warnings.simplefilter("ignore", UserWarning)
-        run.scheduler.step()
     return metrics, bad
 
 

@@ -10,7 +10,7 @@ import math
 import os
 from pathlib import Path
 
-from mmgrpo import advantages, losses, sampling
+from mmgrpo import advantages, losses, phases, sampling
 from mmgrpo.errors import UserError
 from mmgrpo.plugins import PIPELINES, RESERVED_BUILD_KWARGS, load_plugins
 from mmgrpo.schema import Config, _coerce, read_text
@@ -326,6 +326,7 @@ def _validate_algo(cfg: Config) -> None:
         1 <= a.num_minibatches <= s.batch_size,
         f"algo.num_minibatches ({a.num_minibatches}) must be between 1 and sample.batch_size ({s.batch_size})",
     )
+    phases.check(cfg, _validate_algo)  # the loss's aggregation, then each phase as algo with its overrides
 
 
 def _validate_micro_batch(a) -> None:

@@ -67,6 +67,8 @@ _SETUP = {
     ("loss", "guard_clipped"): (FLOW, ["pipeline.kwargs.ratio_norm=true", "pipeline.kwargs.step_weights=guard"]),
     ("loss", "nft"): (FLOW, ["pipeline.kwargs.objective=nft"]),
     ("loss", "reg_grpo"): (TOY, ["algo.aggregation=seq_mean_token_mean"]),
+    ("loss", "dpo"): (TOY, ["algo.aggregation=seq_mean_token_mean"]),
+    ("advantage", "verifier_pairs"): (TOY, ["algo.advantage_kwargs={margin: 0.1}"]),
     ("sampler", "mmr1_vas"): (TOY, ["sample.sampler_kwargs={diversity_weight: 0.2}"]),
 }
 
