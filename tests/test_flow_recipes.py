@@ -24,6 +24,10 @@ def _tiny_type(model: str) -> str:
         return model[5:]
     if model.startswith("assets/shapes"):
         return "sd3"  # the ShapesWorld model is an SD3 transformer (its own format is tested in test_flow_shapes)
+    if "stable-diffusion-xl" in model:
+        return "sdxl"
+    if "stable-diffusion-v1" in model:
+        return "sd"
     return {"stabilityai": "sd3", "black-forest-labs": "flux", "Wan-AI": "wan"}[model.split("/")[0]]
 
 
@@ -147,7 +151,7 @@ def _initial_weights(cfg) -> dict[str, torch.Tensor]:
     "override,match",
     [
         ("pipeline.kwargs.plan_kwargs={trian: all}", "takes no keyword 'trian'"),
-        ("pipeline.kwargs.sde=ode", "must be a stochastic flow step"),
+        ("pipeline.kwargs.sde=ode", "must be a stochastic step"),
         ("pipeline.kwargs.plan_kwargs={sde_steps: 1, branch_range: [0, 9]}", "branch_range"),
     ],
 )

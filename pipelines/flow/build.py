@@ -180,6 +180,48 @@ def _dry_run_plan(plan: str, plan_kwargs: dict, *, num_steps: int, sde: str, sam
                         f"{' '.join(str(err).split())}") from None
 
 
+def _check_ddim(sde: str, model_type: str | None, objective: str, step_weights: str) -> None:
+    """sde ddim steps on alpha_bar, not a flow sigma: no flow-only objective or sigma-based step weights with it."""
+    from pipelines.flow.models import EPS_TYPES
+
+    if model_type is not None and (sde == "ddim") != (model_type in EPS_TYPES):
+        raise UserError(f"pipeline.kwargs.sde ({sde!r}) does not fit model_type {model_type!r}: epsilon-prediction "
+                        f"UNets ({', '.join(EPS_TYPES)}) take sde ddim, flow models flow_grpo, dance or cps")
+    if sde == "ddim" and (objective != "grpo" or step_weights not in ("none", "noise_aware")):
+        raise UserError(f"pipeline.kwargs: sde ddim trains with objective grpo and step_weights none or noise_aware, "
+                        f"got objective {objective!r}, step_weights {step_weights!r} (DiffusionNFT and GRPO-Guard's "
+                        f"1/|dt| assume a flow-matching sigma)")
+
+
+def _model_type(pipe, model_type: str | None, sde: str) -> str:
+    """The checked model type of a loaded pipeline: model_type if given (it must match the class), else detected."""
+    from pipelines.flow.models import MODEL_TYPES, model_type_of
+
+    detected = model_type_of(type(pipe).__name__)
+    model_type = model_type or detected
+    if model_type not in MODEL_TYPES or (detected and detected != model_type):
+        raise UserError(f"pipeline.kwargs.model_type ({model_type!r}) must be one of {MODEL_TYPES} and match the "
+                        f"loaded {type(pipe).__name__} ({detected!r}); leave model_type unset to detect it")
+    _check_ddim(sde, model_type, "grpo", "none")
+    return model_type
+
+
+def adapter_for(model_type: str):
+    """The FlowModel class of a model type: models.py (SD3, FLUX, Wan), shapes_model.py (the pixel-space ShapesWorld
+    model) or unet.py (epsilon-prediction SD 1.x / SDXL)."""
+    from pipelines.flow.models import ADAPTERS, EPS_TYPES
+
+    if model_type == "shapes":
+        from pipelines.flow.shapes_model import ShapesModel
+
+        return ShapesModel
+    if model_type in EPS_TYPES:
+        from pipelines.flow.unet import ADAPTERS as UNET_ADAPTERS
+
+        return UNET_ADAPTERS[model_type]
+    return ADAPTERS[model_type]
+
+
 def _reward_inputs(reward_inputs: list[str] | str | None) -> list[str] | None:
     """The reward input kinds as a checked list (a single kind may be given as a string)."""
     from rewards.api import INPUTS
@@ -205,8 +247,10 @@ def check_flow_kwargs(**given) -> None:
     num_steps, lora_rank, k_chunk, nft_steps = kw["num_steps"], kw["lora_rank"], kw["k_chunk"], kw["nft_steps"]
     ratio_norm, step_weights, torch_dtype = kw["ratio_norm"], kw["step_weights"], kw["torch_dtype"]
     same_noise_per_group, attention = kw["same_noise_per_group"], kw["attention"]
-    if sde not in sde_mod.STEPS or sde in ("ode", "ddim"):
-        raise UserError(f"pipeline.kwargs.sde ({sde!r}) must be a stochastic flow step: flow_grpo, dance or cps")
+    if sde not in sde_mod.STEPS or sde == "ode":
+        raise UserError(f"pipeline.kwargs.sde ({sde!r}) must be a stochastic step: flow_grpo, dance or cps (flow "
+                        f"models), ddim (epsilon-prediction UNets: SD 1.x, SDXL)")
+    _check_ddim(sde, kw["model_type"], objective, step_weights)
     _check_plan(plan, plan_kwargs or {}, objective)
     if num_steps < 1 or lora_rank < 0 or (k_chunk is not None and k_chunk < 1):
         raise UserError(f"pipeline.kwargs: num_steps ({num_steps}) must be >= 1, lora_rank ({lora_rank}) >= 0 "
@@ -255,7 +299,7 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
     reward_inputs: the input kinds of the configured rewards (rewards.api INPUTS); ["latent"] skips the VAE in
     rollouts (samples are the final latents). None decodes to pixels unless the engine reports the rewards' inputs
     through policy.set_reward_inputs. attention: "sdpa" (diffusers' default) or "xformers" (CUDA, the cuda extra)."""
-    from pipelines.flow.models import MODEL_TYPES, adapter_for, model_type_of, num_params
+    from pipelines.flow.models import denoiser_of, num_params
     from pipelines.flow.policy import FlowPolicy
 
     check_flow_kwargs(sde=sde, plan=plan, plan_kwargs=plan_kwargs, objective=objective, num_steps=num_steps,
@@ -269,17 +313,13 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
         raise UserError("pipeline.kwargs needs prompts: data: prompts.txt|.jsonl or prompts: [\"a cat\", ...]")
     weights_dtype = _DTYPES[torch_dtype] if torch_dtype else dtype
     pipe = load_pipeline(model, weights_dtype)
-    detected = model_type_of(type(pipe).__name__)
-    model_type = model_type or detected
-    if model_type not in MODEL_TYPES or (detected and detected != model_type):
-        raise UserError(f"pipeline.kwargs.model_type ({model_type!r}) must be one of {MODEL_TYPES} and match the "
-                        f"loaded {type(pipe).__name__} ({detected!r}); leave model_type unset to detect it")
+    model_type = _model_type(pipe, model_type, sde)
     pipe.to(device)
     for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
         part = getattr(pipe, name, None)
         if part is not None:
             part.requires_grad_(False).eval()
-    transformer = pipe.transformer.requires_grad_(False)
+    transformer = denoiser_of(pipe).requires_grad_(False)
     if lora_rank > 0:
         _add_lora(transformer, model_type, lora_rank, lora_alpha, lora_targets)
     else:

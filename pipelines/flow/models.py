@@ -11,14 +11,22 @@ from torch import Tensor
 
 from pipelines.flow import sde
 
-MODEL_TYPES = ("sd3", "flux", "wan", "shapes")
+MODEL_TYPES = ("sd3", "flux", "wan", "shapes", "sd", "sdxl")
 _CLASS_TO_TYPE = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "WanPipeline": "wan",
-                  "ShapesT2IPipeline": "shapes"}
+                  "ShapesT2IPipeline": "shapes", "StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl"}
+EPS_TYPES = ("sd", "sdxl")
+"""epsilon-prediction UNet pipelines (pipelines/flow/unet.py): they step with sde "ddim" only"""
 
 
 def model_type_of(pipe_class_name: str) -> str | None:
-    """"sd3", "flux" or "wan" for a diffusers pipeline class name (from model_index.json `_class_name`), else None."""
+    """A MODEL_TYPES name for a diffusers pipeline class name (from model_index.json `_class_name`), else None."""
     return _CLASS_TO_TYPE.get(pipe_class_name)
+
+
+def denoiser_of(pipe: Any) -> torch.nn.Module:
+    """The trained network: `pipe.transformer` (SD3, FLUX, Wan, ShapesWorld) or `pipe.unet` (SD 1.x, SDXL)."""
+    module = getattr(pipe, "transformer", None)
+    return pipe.unet if module is None else module
 
 
 def _rows(enc: dict[str, Tensor]) -> list[dict[str, Tensor]]:
@@ -218,14 +226,6 @@ def transformer_config(module: torch.nn.Module) -> dict:
 ADAPTERS = {"sd3": SD3Model, "flux": FluxModel, "wan": WanModel}
 
 
-def adapter_for(model_type: str):
-    """The FlowModel class of a model type (the pixel-space ShapesWorld model lives in its own module)."""
-    if model_type == "shapes":
-        from pipelines.flow.shapes_model import ShapesModel
-
-        return ShapesModel
-    return ADAPTERS[model_type]
-
 LORA_TARGETS = {
     # Flow-GRPO's SD3 targets: joint attention projections of both streams
     "sd3": ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
@@ -234,6 +234,7 @@ LORA_TARGETS = {
     "wan": ["to_q", "to_k", "to_v", "to_out.0"],
 }
 LORA_TARGETS["shapes"] = LORA_TARGETS["sd3"]  # the same SD3 transformer class
+LORA_TARGETS["sd"] = LORA_TARGETS["sdxl"] = ["to_q", "to_k", "to_v", "to_out.0"]  # DDPO: every UNet attention
 
 
 def num_params(module: torch.nn.Module, trainable: bool = False) -> int:

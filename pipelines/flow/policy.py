@@ -15,7 +15,7 @@ from mmgrpo.errors import UserError
 from mmgrpo.types import Rollout
 from pipelines.flow import plan as plans
 from pipelines.flow import sde
-from pipelines.flow.models import FlowModel, FluxModel
+from pipelines.flow.models import FlowModel, FluxModel, denoiser_of
 
 
 class FlowPolicy:
@@ -42,7 +42,7 @@ class FlowPolicy:
                  k_chunk: int | None, seed: int, decode_batch_size: int, objective: str = "grpo",
                  nft_steps: int = 2, ratio_norm: bool = False, step_weights: str = "none",
                  reward_inputs: Iterable[str] | None = None):
-        self.pipe, self.model, self.transformer = pipe, model, pipe.transformer
+        self.pipe, self.model, self.transformer = pipe, model, denoiser_of(pipe)
         self.objective, self.nft_steps = objective, nft_steps
         self.ratio_norm, self.step_weights = ratio_norm, step_weights
         self.num_steps, self.sde_kind, self.noise_level, self.reduce = num_steps, sde_kind, noise_level, reduce
@@ -104,6 +104,8 @@ class FlowPolicy:
             return self.model.velocity(self.transformer, x, sigma, {k: v[prompt] for k, v in cond.items()})
 
         def step(kind, x, v, s, s_next, **kw):
+            if kind == "ode" and self.sde_kind == "ddim":  # a plan's deterministic steps: DDIM with eta = 0
+                kind, kw = "ddim", {**kw, "noise_level": 0.0}
             return sde.step(kind, x, v, s, s_next, reduce=self.reduce, **kw)
 
         res = plans.execute(plan, seeds=list(seeds), shape=self.model.latent_shape(), sigmas=self.sigmas,
@@ -348,8 +350,9 @@ class FlowPolicy:
                              "with transformer.save_pretrained instead")
         # the adapter config (rank, alpha, targets) travels as metadata: without it a loader assumes alpha = rank
         meta = self.transformer.peft_config["default"].to_dict()
-        type(self.pipe).save_lora_weights(save_directory=path, transformer_lora_layers=self.state_dict(),
-                                          transformer_lora_adapter_metadata=meta)
+        name = "transformer" if getattr(self.pipe, "transformer", None) is not None else "unet"
+        type(self.pipe).save_lora_weights(save_directory=path, **{f"{name}_lora_layers": self.state_dict(),
+                                                                   f"{name}_lora_adapter_metadata": meta})
 
     def export(self, directory: Path) -> None:
         """Each checkpoint's export/: with LoRA on a diffusers pipeline, the adapter as `load_lora_weights` reads it.

@@ -11,7 +11,7 @@ import torch
 
 from mmgrpo.offline import write_clip_bpe
 
-MODEL_TYPES = ("sd3", "flux", "wan")
+MODEL_TYPES = ("sd3", "flux", "wan", "sd", "sdxl")
 _T5_CHARS = " abcdefghijklmnopqrstuvwxyz0123456789.,'\"!?-:;()"
 
 
@@ -195,12 +195,26 @@ def _wan(tmp: Path):
     )
 
 
+def _sd(tmp: Path):
+    from pipelines.flow.tiny_unet import build_sd
+
+    tok = clip_tokenizer(tmp / "clip")
+    return build_sd(tok, _clip_text(len(tok), False))
+
+
+def _sdxl(tmp: Path):
+    from pipelines.flow.tiny_unet import build_sdxl
+
+    tok = clip_tokenizer(tmp / "clip")
+    return build_sdxl(tok, _clip_text(len(tok), False), _clip_text(len(tok), True))
+
+
 def save_tiny(model_type: str, path: str | os.PathLike, *, seed: int = 0) -> str:
-    """Build a tiny random diffusers pipeline of `model_type` ("sd3", "flux" or "wan") and save it to `path`.
+    """Build a tiny random diffusers pipeline of `model_type` (one of MODEL_TYPES) and save it to `path`.
 
     The directory loads with `DiffusionPipeline.from_pretrained(path)` like a hub checkpoint. Returns the path.
     """
-    builders = {"sd3": _sd3, "flux": _flux, "wan": _wan}
+    builders = {"sd3": _sd3, "flux": _flux, "wan": _wan, "sd": _sd, "sdxl": _sdxl}
     if model_type not in builders:
         raise ValueError(f"model_type={model_type!r} is not a tiny model we can build; choose from {MODEL_TYPES}")
     out = Path(path)
@@ -216,7 +230,7 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) != 3:
-        raise SystemExit("usage: python -m pipelines.flow.tiny {sd3|flux|wan} OUT_DIR")
+        raise SystemExit(f"usage: python -m pipelines.flow.tiny {{{'|'.join(MODEL_TYPES)}}} OUT_DIR")
     print(save_tiny(sys.argv[1], sys.argv[2]))
 
 
