@@ -63,14 +63,14 @@ def test_targets_fit_the_recipes_and_get_full_marks():
 
     tok = AutoProcessor.from_pretrained(VIDEO).tokenizer
     recs = [
-        {"type": "grounding", "spans": [6.5, 8.0], "category": "grounding"},
+        {"type": "grounding", "spans": [6.5, 8.0], "category": "grounding", "duration": 8.0},
         {"type": "direction", "answers": "right", "category": "free_form"},
         {"type": "order", "answers": "yellow triangle", "category": "free_form"},
         {"type": "count", "answers": "3", "category": "numeric"},
     ]
     texts = [PV.target_text(r) for r in recs]
     lengths = [len(tok(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts]  # + <|im_end|>
-    assert lengths[0] <= 32 and max(lengths) == 34 <= PV.MAX_NEW_TOKENS  # grounding / QA recipes' max_new_tokens
+    assert lengths[0] == 84 <= PV.MAX_NEW_TOKENS and max(lengths[1:]) == 34 <= 40  # grounding / QA max_new_tokens
     task = rewards.load("video_task")(
         texts,
         prompts=None,
@@ -162,3 +162,12 @@ def test_frames_reach_the_model_through_the_rollout_policy(policy):
     # measured: see assets/README.md (shapes-video, "frames reach the model")
     assert real[g].mean() >= empty[g].mean() + 0.25  # grounding mIoU
     assert real[N_SAMPLE:].mean() >= empty[N_SAMPLE:].mean() + 0.25  # QA accuracy
+
+
+def test_time_line_marks_the_span_by_group():
+    # 0.5 s groups of a 3 s clip start at 0.0 ... 2.5; [1.0, 2.0] covers the groups starting at 1.0 and 1.5 (worked by
+    # hand: 1.0 <= t < 2.0), and the line ends with the clip's end, 3.0, so the span's end is the label after its last +
+    assert PV.time_line([1.0, 2.0], 3.0) == "0.0-0.5-1.0+1.5+2.0-2.5-3.0"
+    assert PV.time_line([0.0, 8.0], 8.0) == "".join(f"{g / 2:.1f}+" for g in range(16)) + "8.0"
+    line = PV.time_line([6.5, 8.0], 8.0)
+    assert line.endswith("6.0-6.5+7.0+7.5+8.0") and line.count("+") == 3
