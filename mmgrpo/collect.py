@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mmgrpo import sampling
+from mmgrpo import budget, sampling
 from mmgrpo.errors import RewardFailed, UserError
 from mmgrpo.runtime import all_gather, all_sum, any_rank, first_message, prompt_seed
 from mmgrpo.types import Rollout
@@ -35,6 +35,8 @@ class Batch:
     """rollout rounds this step took (more than 1 with DAPO refill)"""
     seconds: dict[str, float] = field(default_factory=dict)
     """wall time per phase on this rank, summed over rounds: {"rollout": s, "reward": s}"""
+    real: Tensor | None = None
+    """[N_local] bool: real samples (False: padding of a smaller group, masked with NaN rewards); None = all real"""
 
 
 def _pad_dim1(tensors: list[Tensor]) -> list[Tensor]:
@@ -89,6 +91,11 @@ def cat_rollouts(parts: list[Rollout]) -> Rollout:
 def select_groups(rollout: Rollout, groups: list[int], group_size: int) -> Rollout:
     """The rollout restricted to whole groups `groups` (in that order)."""
     idx = torch.tensor([g * group_size + j for g in groups for j in range(group_size)], dtype=torch.long)
+    return select_rows(rollout, idx)
+
+
+def select_rows(rollout: Rollout, idx: Tensor) -> Rollout:
+    """The rollout's samples idx [n] (in that order, repeats allowed), extras included."""
     extras = {k: _select(v, idx, rollout.num_samples) for k, v in rollout.extras.items()}
     return Rollout(
         samples=[rollout.samples[i] for i in idx.tolist()],
@@ -169,19 +176,53 @@ def _one_round(run, step: int, round_: int) -> tuple[list[int], list[dict], Roll
     ids = global_ids[lo : lo + b_local]
     prompts = [run.task.train_data[i] for i in ids]
     seeds = [prompt_seed(cfg.run.seed, step, round_, lo + i) for i in range(b_local)]
+    sizes = budget.allocate(run, global_ids, [run.task.train_data[i] for i in global_ids])  # [B] or None
     t0 = time.perf_counter()
-    with torch.no_grad():
-        rollout = run.policy.rollout(prompts, g, seeds)
-    rollout.check(b_local, g)
-    t1 = time.perf_counter()
-    per_reward, total = _score(run, rollout, prompts, g, first=lo * g)  # [N, R], [N]
+    if sizes is not None and not bool((sizes == g).all()):
+        rollout, per_reward, total, real, t1 = _ragged_round(run, prompts, seeds, sizes.tolist(), g)
+    else:
+        with torch.no_grad():
+            rollout = run.policy.rollout(prompts, g, seeds)
+        rollout.check(b_local, g)
+        t1, real = time.perf_counter(), None
+        per_reward, total = _score(run, rollout, prompts, g, first=lo * g)  # [N, R], [N]
     global_total = all_gather(acc, total).view(b_global, g)  # [B, G]
     if getattr(run.sampler, "diversity_weight", 0) > 0:  # MMR1 VAS scores prompts by outcome variance + diversity
         div = all_gather(acc, _diversity(run, rollout, g).to(acc.device)).cpu()  # [B]
         run.sampler.update(global_ids, global_total, diversity=div)
     else:
         run.sampler.update(global_ids, global_total)
-    return ids, prompts, rollout, per_reward, total, {"rollout": t1 - t0, "reward": time.perf_counter() - t1}
+    secs = {"rollout": t1 - t0, "reward": time.perf_counter() - t1}
+    return ids, prompts, rollout, per_reward, total, secs, real
+
+
+def _ragged_round(run, prompts: list[dict], seeds: list[int], sizes: list[int], g: int):
+    """Prompts of equal allocated size rolled out and scored together at that size, then laid out as [B, G]:
+    group b's first sizes[b] rows are its samples; the rest repeat its first sample with mask False and NaN rewards
+    (the advantages skip NaN, the loss skips masked rows). Returns rollout, per_reward, total, real [N] and
+    start + rollout seconds (the caller's clock split between rollout and reward time)."""
+    parts, per, tot, start, offset, t_roll, t_begin = [], [], [], {}, 0, 0.0, time.perf_counter()
+    for size in sorted(set(sizes)):
+        bs = [b for b, n in enumerate(sizes) if n == size]
+        sub = [prompts[b] for b in bs]
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            roll = run.policy.rollout(sub, size, [seeds[b] for b in bs])
+        roll.check(len(bs), size)
+        t_roll += time.perf_counter() - t0
+        p_s, t_s = _score(run, roll, sub, size, first=offset)  # [n_s, R], [n_s]
+        start.update({b: offset + k * size for k, b in enumerate(bs)})
+        parts, per, tot, offset = [*parts, roll], [*per, p_s], [*tot, t_s], offset + len(bs) * size
+    real = torch.tensor([j < sizes[b] for b in range(len(sizes)) for j in range(g)])  # [B*G]
+    idx = torch.tensor([start[b] + (j if j < sizes[b] else 0) for b in range(len(sizes)) for j in range(g)])
+    rollout = select_rows(cat_rollouts(parts), idx)
+    rollout.mask = rollout.mask & real[:, None]  # [N, K]
+    rollout.metrics = {**rollout.metrics, "rollout/group_size_mean": sum(sizes) / len(sizes)}
+    rollout.metrics.update({"rollout/group_size_min": min(sizes), "rollout/group_size_max": max(sizes)})
+    nan = torch.tensor(float("nan"))
+    per_reward = torch.where(real[:, None], torch.cat(per)[idx], nan)  # [N, R]
+    total = torch.where(real, torch.cat(tot)[idx], nan)  # [N]
+    return rollout, per_reward, total, real, t_begin + t_roll
 
 
 def collect(run, step: int) -> Batch:
@@ -191,11 +232,11 @@ def collect(run, step: int) -> Batch:
     b_local = cfg.sample.batch_size // g // acc.num_processes
     parts, rounds, seconds = [], 0, {}
     while True:
-        ids, prompts, rollout, per_reward, total, secs = _one_round(run, step, rounds)
+        ids, prompts, rollout, per_reward, total, secs, real = _one_round(run, step, rounds)
         for k, v in secs.items():
             seconds[k] = seconds.get(k, 0.0) + v
         keep = torch.ones(b_local, dtype=torch.bool)
-        if cfg.sample.filter_zero_std and torch.isfinite(total).all():
+        if cfg.sample.filter_zero_std and torch.isfinite(total[real] if real is not None else total).all():
             keep = sampling.group_keep_mask(total.view(b_local, g))  # [B_local]
         parts.append((ids, prompts, rollout, per_reward, total, keep))
         rounds += 1
@@ -205,7 +246,7 @@ def collect(run, step: int) -> Batch:
             break
     if len(parts) == 1:
         ids, prompts, rollout, per_reward, total, keep = parts[0]
-        batch = Batch(ids, prompts, rollout, per_reward, total, keep, rounds)
+        batch = Batch(ids, prompts, rollout, per_reward, total, keep, rounds, real=real)
     else:
         batch = _assemble(parts, b_local, g, rounds)
     batch.seconds = seconds

@@ -49,11 +49,13 @@ def compute_advantages(run: Run, batch: Batch, progress: float) -> tuple[Tensor,
     if kind == "multi" and "weights" not in kw:
         kw["weights"] = run.reward_set.weights.tolist()
     rewards = all_gather(acc, source.contiguous())
-    rewards = rewards.view(-1, g, *rewards.shape[1:])  # [B, G] or [B, G, R]
-    if kind == "pairwise":  # a preference estimator fed by a pointwise reward: P_bij from the totals' order
-        rewards = advantages.prefs_from_scores(rewards)  # [B, G, G]
-    adv = advantages.compute(name, rewards, **kw).reshape(-1)  # [N]
-    use = advantages.loss_mask(name, rewards, **kw).reshape(-1)  # [N]
+    rewards = rewards.view(-1, g, *rewards.shape[1:])  # [B, G] or [B, G, R]; NaN pads smaller groups (knapsack)
+    # a preference estimator fed by a pointwise reward gets P_bij [B, G, G] from the totals' order
+    prep = advantages.prefs_from_scores if kind == "pairwise" else (lambda r: r)
+    # by_size runs the estimator once per block of equal-size groups: one plain call when no group is padded
+    adv = advantages.by_size(rewards, lambda r: advantages.compute(name, prep(r), **kw)).reshape(-1)  # [N]
+    use = advantages.by_size(rewards, lambda r: advantages.loss_mask(name, prep(r), **kw), fill=False)  # [B, G]
+    use = use.reshape(-1)  # [N]
     n_local = batch.total.numel()
     lo = acc.process_index * n_local
     adv, use = adv[lo : lo + n_local], use[lo : lo + n_local]
@@ -62,11 +64,12 @@ def compute_advantages(run: Run, batch: Batch, progress: float) -> tuple[Tensor,
         adv = run.policy.step_advantages(batch.rollout, batch.total.view(-1, g))
     use = use & batch.keep.repeat_interleave(g)
     totals = all_gather(acc, batch.total).view(-1, g)  # [B, G]
+    real = adv if batch.real is None else adv[batch.real]  # padding of smaller groups is no sample
     stats = {
-        "adv/mean": float(adv.mean()),
-        "adv/std": float(adv.std()) if adv.numel() > 1 else 0.0,
-        "adv/min": float(adv.min()),
-        "adv/max": float(adv.max()),
+        "adv/mean": float(real.mean()),
+        "adv/std": float(real.std()) if real.numel() > 1 else 0.0,
+        "adv/min": float(real.min()),
+        "adv/max": float(real.max()),
         "adv/zero_std_frac": sampling.zero_std_fraction(totals),
         "adv/kept_group_frac": float(batch.keep.float().mean()),
     }
@@ -75,5 +78,7 @@ def compute_advantages(run: Run, batch: Batch, progress: float) -> tuple[Tensor,
     live = use if adv.dim() == 1 else use[:, None].expand_as(adv)  # [N_local] or [N_local, K] (per-step credit)
     nonzero = (adv != 0) & live  # [N_local] or [N_local, K]
     stats[f"adv/{name}/nonzero_frac"] = float(nonzero.sum() / live.sum().clamp(min=1))
-    stats[f"adv/{name}/used_frac"] = float(use.float().mean())
+    stats[f"adv/{name}/used_frac"] = float(
+        use.float().mean() if batch.real is None else use[batch.real].float().mean()
+    )
     return adv, use, stats

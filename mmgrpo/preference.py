@@ -112,7 +112,7 @@ def _pair_mask(rewards: Tensor, *, margin: float = 0.5) -> Tensor:
     return _pair_labels(rewards, margin) != 0  # [B, G]
 
 
-@ADVANTAGES.register("verifier_pairs", paper="arXiv:2505.19000", mask=_pair_mask)
+@ADVANTAGES.register("verifier_pairs", input="scalar", paper="arXiv:2505.19000", mask=_pair_mask)
 def verifier_pairs(rewards: Tensor, *, margin: float = 0.5) -> Tensor:
     """VerIPO's rollout-aware verifier as labels: +1 on the group's best sample, -1 on its worst, 0 elsewhere.
 

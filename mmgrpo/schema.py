@@ -97,6 +97,11 @@ class SampleConfig:
     """with filter_zero_std: roll out more prompts until the batch is full again (DAPO dynamic sampling)"""
     max_refill_rounds: int = 4
     """extra rollout rounds allowed per step before refill gives up with a message"""
+    allocator: str = "uniform"
+    """rollouts per prompt: "uniform" (group_size each) or "knapsack" (Knapsack RL arXiv:2509.25849: sizes up to
+    group_size by value and cost under a budget, padded to [B, group_size]; needs sampler vade)"""
+    allocator_kwargs: dict = field(default_factory=dict)
+    """its keyword arguments, e.g. {budget: 32, min_size: 2, info: paper, cost_field: null}"""
 
 
 @dataclass

@@ -272,19 +272,21 @@ def _probe(run: Run, batch: Batch, idx: Tensor, ks: slice | None, adv: Tensor, m
 
 
 def _reward_metrics(run: Run, batch: Batch) -> dict[str, float]:
-    per = all_gather(run.accelerator, batch.per_reward)  # [N_global, R]
+    real = slice(None) if batch.real is None else batch.real  # padding of smaller groups is no sample
+    per = all_gather(run.accelerator, batch.per_reward[real])  # [N_global, R]
     out = {}
     for r, name in enumerate(run.reward_set.names):
         out[f"reward/{name}/mean"] = float(per[:, r].mean())
         out[f"reward/{name}/std"] = float(per[:, r].std()) if per.shape[0] > 1 else 0.0
-    total = all_gather(run.accelerator, batch.total)
+    total = all_gather(run.accelerator, batch.total[real])
     out["reward/total_mean"], out["reward/total_std"] = float(total.mean()), float(total.std())
     return out
 
 
 def _nonfinite_rewards(run: Run, batch: Batch) -> str | None:
     """None when every reward is finite on every rank, else which rewards and samples were not (same on all ranks)."""
-    bad = (~torch.isfinite(batch.per_reward)).nonzero().tolist()  # [[n, r], ...]
+    bad = ~torch.isfinite(batch.per_reward)  # [N, R]
+    bad = (bad if batch.real is None else bad & batch.real[:, None]).nonzero().tolist()  # [[n, r], ...]
     bad_any = all_sum(run.accelerator, torch.tensor(float(len(bad)))).item()
     if not bad_any:
         return None

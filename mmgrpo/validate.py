@@ -10,7 +10,7 @@ import math
 import os
 from pathlib import Path
 
-from mmgrpo import advantages, losses, phases, sampling
+from mmgrpo import advantages, budget, losses, phases, sampling
 from mmgrpo.errors import UserError
 from mmgrpo.plugins import PIPELINES, RESERVED_BUILD_KWARGS, load_plugins
 from mmgrpo.schema import Config, _coerce, read_text
@@ -274,6 +274,7 @@ def _validate_sample(cfg: Config) -> None:
     _check_kwargs(
         sampling.SAMPLERS, s.sampler, s.sampler_kwargs, "sample.sampler_kwargs", skip=("num_prompts", "seed")
     )
+    budget.check(cfg, sampling.SAMPLERS.get(s.sampler))  # rollouts per prompt (Knapsack RL), before the model
 
 
 def _validate_algo(cfg: Config) -> None:

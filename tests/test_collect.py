@@ -88,7 +88,12 @@ def _run(rounds: list[list[int]], *, refill: bool, max_rounds: int = 3, diversit
         cfg=SimpleNamespace(
             run=SimpleNamespace(seed=0),
             sample=SimpleNamespace(
-                group_size=g, batch_size=3 * g, filter_zero_std=True, refill=refill, max_refill_rounds=max_rounds
+                group_size=g,
+                batch_size=3 * g,
+                filter_zero_std=True,
+                refill=refill,
+                max_refill_rounds=max_rounds,
+                allocator="uniform",
             ),
         ),
         accelerator=SimpleNamespace(num_processes=1, process_index=0, device=torch.device("cpu")),

@@ -1,4 +1,4 @@
-"""Every registered advantage estimator, policy loss, prompt sampler and flow plan trains two steps through the trainer.
+"""Every registered estimator, loss, prompt sampler, rollout allocator and flow plan trains two steps in the trainer.
 
 The names come from the registries, so a new registration is covered without editing this file; `_SETUP` only says
 what a name needs beyond the toy counting task's defaults (another pipeline, several rewards). Each run must change
@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mmgrpo import advantages, checkpoint, losses, samplers
+from mmgrpo import advantages, budget, checkpoint, losses, samplers
 from mmgrpo.config import load_config
 from mmgrpo.plugins import PIPELINES, load_plugins
 from mmgrpo.trainer import train
@@ -70,6 +70,7 @@ _SETUP = {
     ("loss", "dpo"): (TOY, ["algo.aggregation=seq_mean_token_mean"]),
     ("advantage", "verifier_pairs"): (TOY, ["algo.advantage_kwargs={margin: 0.1}"]),
     ("sampler", "mmr1_vas"): (TOY, ["sample.sampler_kwargs={diversity_weight: 0.2}"]),
+    ("allocator", "knapsack"): (TOY, ["sample.sampler=vade", "sample.allocator_kwargs={budget: 12}"]),
 }
 
 
@@ -79,6 +80,7 @@ def _cases() -> list[tuple[str, str]]:
         "loss": losses.POLICY_LOSSES,
         "sampler": samplers.SAMPLERS,
         "plan": SCHEDULES,
+        "allocator": budget.ALLOCATORS,
     }
     return [(kind, name) for kind, reg in kinds.items() for name in reg.names()]
 
@@ -91,6 +93,7 @@ def _overrides(kind: str, name: str, out: Path) -> tuple[str, list[str]]:
         "loss": ["algo.loss=" + name, "algo.loss_kwargs={}"],
         "sampler": ["sample.sampler=" + name],
         "plan": ["pipeline.kwargs.plan=" + name, f"pipeline.kwargs.plan_kwargs={_PLAN_KW.get(name, '{}')}"],
+        "allocator": ["sample.allocator=" + name],
     }[kind]
     return recipe, [*base, *field, *extra]
 
@@ -137,6 +140,7 @@ def test_trains_two_steps(kind, name, tmp_path, monkeypatch):
     assert any(not torch.equal(final[k], init[k]) for k in final), "two updates changed no trainable weight"
     last = out["metrics"]
     own = {"advantage": [f"adv/{name}/nonzero_frac"], "sampler": ["sampler/"], "plan": ["ratio/k"]}.get(kind)
+    own = ["rollout/"] if kind == "allocator" else own
     own = own or _loss_metrics(name, cfg)
     missing = [m for m in own if not any(k.startswith(m) for k in last)]
     assert not missing, f"no {missing} metric in {sorted(last)}"

@@ -28,15 +28,19 @@ from mmgrpo.advantages._common import (  # noqa: F401  helpers re-exported for p
 from mmgrpo.advantages.calibrated import gaussian, ngrpo
 from mmgrpo.advantages.group import grpo, mc_grpo, passk, rloo
 from mmgrpo.advantages.multi import gdpo, prefs_from_scores, winrate
+from mmgrpo.advantages.ragged import batch_coupled, by_size, group_sizes
 from mmgrpo.advantages.shaping import asymmetric
 
 __all__ = [
     "ADVANTAGES",
     "asymmetric",
+    "batch_coupled",
+    "by_size",
     "compute",
     "describe",
     "gaussian",
     "gdpo",
+    "group_sizes",
     "grpo",
     "loss_mask",
     "mc_grpo",
