@@ -42,6 +42,7 @@ def compute_advantages(run: Run, batch: Batch, progress: float) -> tuple[Tensor,
     cfg, acc = run.cfg, run.accelerator
     g = cfg.sample.group_size
     name, kw = cfg.algo.advantage, dict(cfg.algo.advantage_kwargs)
+    kw.update(run.adv_state.get(name, {}))  # a stateful estimator's kwargs as its update hook left them (FGRPO)
     if "progress" in inspect.signature(advantages.ADVANTAGES.get(name)).parameters:
         kw["progress"] = progress
     kind = advantages.ADVANTAGES.meta(name).get("input", "scalar")
@@ -81,4 +82,10 @@ def compute_advantages(run: Run, batch: Batch, progress: float) -> tuple[Tensor,
     stats[f"adv/{name}/used_frac"] = float(
         use.float().mean() if batch.real is None else use[batch.real].float().mean()
     )
+    update = advantages.ADVANTAGES.meta(name).get("update")
+    if update is not None:  # e.g. dual ascent on FGRPO's multipliers, from the global batch (same on every rank)
+        run.adv_state[name] = update(rewards, **kw)
+        for key, value in run.adv_state[name].items():
+            for i, v in enumerate(value if isinstance(value, list) else [value]):
+                stats[f"adv/{name}/{key}/{i}"] = float(v)
     return adv, use, stats

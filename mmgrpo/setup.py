@@ -3,9 +3,10 @@
 The `Run` holds everything the loop touches; `setup` validates paths and restores a checkpoint before step one.
 """
 
+import copy
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,8 @@ class Run:
     """recorded in every checkpoint's manifest; a checkpoint is pruned only by the run (lineage) that wrote it"""
     saved_metrics: str | None = None
     """the resumed checkpoint's metrics.jsonl (None: a fresh run); read when the outputs are opened"""
+    adv_state: dict = field(default_factory=dict)
+    """estimator name -> the keyword values its `update` hook returned (FGRPO's multipliers); checkpointed"""
 
     def outputs(self) -> MetricsLog:
         """config.yaml and metrics.jsonl, written only when there is something to record (the first log or save),
@@ -315,6 +318,7 @@ def _restore(run: Run, path: Path, data: dict[str, Any]) -> None:
     load_optimizer_state(run.accelerator, run.model, run.optimizer, st["optimizer"])
     run.scheduler.load_state_dict(st["scheduler"])
     run.sampler.load_state_dict(st["sampler"])
+    run.adv_state = copy.deepcopy(st.get("advantage_state", {}))
     if run.ema is not None and "ema" in data:
         for k, v in data["ema"].items():
             run.ema.shadow[k].copy_(shard_like(v, run.ema.shadow[k]))
@@ -345,6 +349,7 @@ def save_checkpoint(run: Run, step: int) -> Path:
             "optimizer": optimizer_state(acc, run.model, run.optimizer),
             "scheduler": run.scheduler.state_dict(),
             "sampler": run.sampler.state_dict(),
+            "advantage_state": copy.deepcopy(run.adv_state),
         }
     if main:
         # the export hook reads the policy's own (unsharded) weights, so sharded runs go without it

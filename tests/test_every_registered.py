@@ -62,6 +62,7 @@ _PLAN_KW = {
 # what a name needs beyond the defaults: (recipe, overrides). Anything not listed runs on the toy task as is.
 _SETUP = {
     ("advantage", "gdpo"): (TOY, [TWO_REWARDS]),
+    ("advantage", "faithful"): (TOY, [TWO_REWARDS]),
     ("advantage", "grpo_bonus"): (TOY, [TWO_REWARDS]),
     ("advantage", "tempsamp"): (TOY, [TWO_REWARDS, "algo.advantage_kwargs={shaping: false}"]),
     ("loss", "guard_clipped"): (FLOW, ["pipeline.kwargs.ratio_norm=true", "pipeline.kwargs.step_weights=guard"]),

@@ -26,6 +26,7 @@ from mmgrpo.advantages._common import (  # noqa: F401  helpers re-exported for p
     loss_mask,
 )
 from mmgrpo.advantages.calibrated import gaussian, ngrpo
+from mmgrpo.advantages.constrained import faithful
 from mmgrpo.advantages.group import grpo, mc_grpo, passk, rloo
 from mmgrpo.advantages.multi import gdpo, prefs_from_scores, winrate
 from mmgrpo.advantages.ragged import batch_coupled, by_size, group_sizes
@@ -38,6 +39,7 @@ __all__ = [
     "by_size",
     "compute",
     "describe",
+    "faithful",
     "gaussian",
     "gdpo",
     "group_sizes",

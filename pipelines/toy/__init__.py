@@ -36,8 +36,18 @@ def _register() -> None:
             required=("target",),
         )
 
+    def toy_no_b() -> FunctionReward:
+        """Toy rule constraint: 1 if the completion has no letter "b", else 0 (a stand-in for FGRPO's judge scores)."""
+        return FunctionReward(
+            lambda samples, prompts=None: [float("b" not in s) for s in samples],
+            name="toy_no_b",
+            input="text",
+            preprocess="looks for the letter 'b' in the completion",
+        )
+
     PIPELINES.register("toy_count", build_toy_count, check=_check)
     REWARDS.register("toy_count", toy_count)
+    REWARDS.register("toy_no_b", toy_no_b)
 
 
 _register()
