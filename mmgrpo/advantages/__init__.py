@@ -25,6 +25,7 @@ from mmgrpo.advantages._common import (  # noqa: F401  helpers re-exported for p
     compute,
     loss_mask,
 )
+from mmgrpo.advantages.anchored import value_anchored, vgpo
 from mmgrpo.advantages.calibrated import gaussian, ngrpo
 from mmgrpo.advantages.constrained import faithful
 from mmgrpo.advantages.group import grpo, mc_grpo, passk, rloo
@@ -51,6 +52,8 @@ __all__ = [
     "passk",
     "prefs_from_scores",
     "rloo",
+    "value_anchored",
+    "vgpo",
     "winrate",
 ]
 

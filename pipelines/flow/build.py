@@ -193,6 +193,27 @@ def _check_ddim(sde: str, model_type: str | None, objective: str, step_weights: 
                         f"1/|dt| assume a flow-matching sigma)")
 
 
+def _check_value_anchor(value_anchor, plan_kwargs: dict, objective: str) -> None:
+    """VGPO's per-step credit (pipelines/flow/vgpo.py): keys of value_anchored, an SDE objective, no granularities."""
+    if value_anchor is None:
+        return
+    from mmgrpo.advantages.anchored import _check_anchor
+    from pipelines.flow.vgpo import ANCHOR_KEYS
+
+    bad = sorted(set(value_anchor) - set(ANCHOR_KEYS)) if isinstance(value_anchor, dict) else None
+    if bad is None or bad:
+        raise UserError(f"pipeline.kwargs.value_anchor ({value_anchor!r}) must be a mapping with keys from "
+                        f"{', '.join(ANCHOR_KEYS)}, e.g. {{anchor: 0.5, scale: 0.1}}; unknown: {bad}")
+    try:
+        _check_anchor(**{"anchor": 0.0, "scale": 0.1, "alpha": None, **value_anchor})
+    except (TypeError, ValueError) as err:
+        raise UserError(f"pipeline.kwargs.value_anchor ({value_anchor}): {err}") from None
+    grans = plan_kwargs.get("granularities")
+    if objective != "grpo" or (isinstance(grans, list | tuple) and len(grans) > 1):
+        raise UserError(f"pipeline.kwargs.value_anchor (VGPO per-step credit) needs objective grpo and no "
+                        f"plan_kwargs.granularities (got objective {objective!r}, granularities {grans}); unset one")
+
+
 def _model_type(pipe, model_type: str | None, sde: str) -> str:
     """The checked model type of a loaded pipeline: model_type if given (it must match the class), else detected."""
     from pipelines.flow.models import MODEL_TYPES, model_type_of
@@ -251,6 +272,7 @@ def check_flow_kwargs(**given) -> None:
         raise UserError(f"pipeline.kwargs.sde ({sde!r}) must be a stochastic step: flow_grpo, dance or cps (flow "
                         f"models), ddim (epsilon-prediction UNets: SD 1.x, SDXL)")
     _check_ddim(sde, kw["model_type"], objective, step_weights)
+    _check_value_anchor(kw["value_anchor"], plan_kwargs or {}, objective)
     _check_plan(plan, plan_kwargs or {}, objective)
     if num_steps < 1 or lora_rank < 0 or (k_chunk is not None and k_chunk < 1):
         raise UserError(f"pipeline.kwargs: num_steps ({num_steps}) must be >= 1, lora_rank ({lora_rank}) >= 0 "
@@ -293,19 +315,16 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
                k_chunk: int | None = None, torch_dtype: str | None = None, gradient_checkpointing: bool = False,
                decode_batch_size: int = 8, objective: str = "grpo", nft_steps: int = 2, ratio_norm: bool = False,
                step_weights: str = "none", reward_inputs: list[str] | str | None = None,
-               attention: str = "sdpa", prompt_cache_items: int = 256) -> Task:
-    """GRPO on a diffusers flow model (SD3/SD3.5, FLUX.1, Wan 2.1): SDE rollouts, exact log-probs, LoRA or full FT.
+               attention: str = "sdpa", prompt_cache_items: int = 256, value_anchor: dict | None = None) -> Task:
+    """GRPO on a diffusers flow model (SD3/SD3.5, FLUX.1, Wan 2.1) or epsilon UNet (SD 1.x, SDXL; sde ddim).
 
     reward_inputs: the input kinds of the configured rewards (rewards.api INPUTS); ["latent"] skips the VAE in
     rollouts (samples are the final latents). None decodes to pixels unless the engine reports the rewards' inputs
     through policy.set_reward_inputs. attention: "sdpa" (diffusers' default) or "xformers" (CUDA, the cuda extra)."""
+    check_flow_kwargs(**{k: v for k, v in locals().items() if k not in ("seed", "device", "dtype")})  # all kwargs
     from pipelines.flow.models import denoiser_of, num_params
     from pipelines.flow.policy import FlowPolicy
 
-    check_flow_kwargs(sde=sde, plan=plan, plan_kwargs=plan_kwargs, objective=objective, num_steps=num_steps,
-                      lora_rank=lora_rank, k_chunk=k_chunk, nft_steps=nft_steps, ratio_norm=ratio_norm,
-                      step_weights=step_weights, same_noise_per_group=same_noise_per_group,
-                      torch_dtype=torch_dtype, attention=attention, prompt_cache_items=prompt_cache_items)
     check_attention(attention, device)
     reward_inputs = _reward_inputs(reward_inputs)
     train = _records(data, prompts, "training prompts")
@@ -337,7 +356,8 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
                         plan=plan, plan_kwargs=plan_kwargs or {}, same_noise=same_noise_per_group,
                         lora=lora_rank > 0, reference=reference, k_chunk=k_chunk, seed=seed,
                         decode_batch_size=decode_batch_size, objective=objective, nft_steps=nft_steps,
-                        ratio_norm=ratio_norm, step_weights=step_weights, reward_inputs=reward_inputs)
+                        ratio_norm=ratio_norm, step_weights=step_weights, reward_inputs=reward_inputs,
+                        value_anchor=value_anchor)
     policy.num_params = {"transformer": num_params(transformer), "trainable": num_params(transformer, True)}
     return Task(policy=policy, module=transformer, train_data=train,
                 eval_data=_records(eval_data, eval_prompts, "evaluation prompts"))

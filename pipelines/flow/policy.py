@@ -35,16 +35,18 @@ class FlowPolicy:
     def wants_step_advantages(self) -> bool:
         """Tree plans credit each shared transition with its subtree's reward (BranchGRPO), not the leaf's; G2RPO's
         granularities credit a member's SDE step with the sum over its completions."""
-        return self.plan_name == "tree" or len(self.plan_kwargs.get("granularities") or (1,)) > 1
+        return self.plan_name == "tree" or len(self.plan_kwargs.get("granularities") or (1,)) > 1 or \
+            self.value_anchor is not None
 
     def __init__(self, pipe: Any, model: FlowModel, *, num_steps: int, sde_kind: str, noise_level: float,
                  reduce: str, plan: str, plan_kwargs: dict, same_noise: bool, lora: bool, reference: bool,
                  k_chunk: int | None, seed: int, decode_batch_size: int, objective: str = "grpo",
                  nft_steps: int = 2, ratio_norm: bool = False, step_weights: str = "none",
-                 reward_inputs: Iterable[str] | None = None):
+                 reward_inputs: Iterable[str] | None = None, value_anchor: dict | None = None):
         self.pipe, self.model, self.transformer = pipe, model, denoiser_of(pipe)
         self.objective, self.nft_steps = objective, nft_steps
         self.ratio_norm, self.step_weights = ratio_norm, step_weights
+        self.value_anchor = None if value_anchor is None else dict(value_anchor)  # VGPO's per-step credit (vgpo.py)
         self.num_steps, self.sde_kind, self.noise_level, self.reduce = num_steps, sde_kind, noise_level, reduce
         self.plan_name, self.plan_kwargs, self.same_noise = plan, dict(plan_kwargs), same_noise
         self.lora, self.k_chunk, self.seed, self.decode_batch_size = lora, k_chunk, seed, decode_batch_size
@@ -313,6 +315,12 @@ class FlowPolicy:
             n, t = steps.shape[0], plan.num_steps
             leaf_logp = torch.zeros(n, t).scatter(1, steps.cpu(), rollout.old_logp.float().cpu())  # [N, T]
             leaf_logp = leaf_logp.view(*rewards.shape, t).to(rewards.device)  # [B, G, T]
+        if self.value_anchor is not None:  # VGPO: subtree values before / after each step, anchored normalisation
+            from pipelines.flow.vgpo import vgpo_step_advantages
+
+            lp = None if leaf_logp is None else leaf_logp.cpu()
+            return vgpo_step_advantages(plan, rewards.cpu(), steps.cpu(), fusion=plan.fusion, leaf_logp=lp,
+                                        fusion_alpha=plan.fusion_alpha, **self.value_anchor).to(rewards.device)
         return plans.depth_advantages(plan, rewards, steps, fusion=plan.fusion, leaf_logp=leaf_logp,
                                       alpha=plan.fusion_alpha)
 
