@@ -12,6 +12,7 @@ from mmgrpo.plugins import PIPELINES, command_adders, load_plugins
 
 EXAMPLES = """examples:
   mmgrpo train configs/toy_count.yaml                      train the toy counting policy (seconds on a CPU)
+  mmgrpo train shapes_t2i                                  a shipped recipe by name (also from an installed wheel)
   mmgrpo train configs/toy_count.yaml run.steps=100 algo.kl_coef=0.01 sample.group_size=16
   accelerate launch --multi_gpu --num_processes 2 -m mmgrpo.cli train configs/toy_count.yaml   (GPUs or CPU)
   mmgrpo --debug train configs/toy_count.yaml run.steps=5  errors with the full traceback
@@ -147,6 +148,17 @@ def cmd_config(args) -> int:
     return 0
 
 
+def _recipes() -> dict[str, str]:
+    """shipped recipe name -> the first line of its header comment (what it trains)."""
+    from mmgrpo.recipes import recipe_names, resolve_recipe
+
+    out = {}
+    for name in recipe_names():
+        lines = resolve_recipe(name).read_text(encoding="utf-8").splitlines()
+        out[name] = next((line.lstrip("# ").strip() for line in lines if line.startswith("#")), "")
+    return out
+
+
 def cmd_list(args) -> int:
     from mmgrpo import advantages, losses, sampling
     from mmgrpo.errors import UserError
@@ -162,6 +174,7 @@ def cmd_list(args) -> int:
         "samplers": sampling.SAMPLERS.describe,
         "pipelines": PIPELINES.describe,
         "rewards": rewards.describe,
+        "recipes": _recipes,
     }
     kinds = list(tables) if args.kind == "all" else [args.kind]
     for kind in kinds:
@@ -233,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
             epilog="examples:\n" + examples,
             formatter_class=argparse.RawTextHelpFormatter,
         )
-        sp.add_argument("config", help="YAML recipe, e.g. configs/toy_count.yaml")
+        sp.add_argument("config", help="YAML recipe, e.g. configs/toy_count.yaml, or a shipped one's name (toy_count)")
         sp.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. algo.kl_coef=0.01")
         sp.set_defaults(func=func)
     sp = sub.add_parser("pretrain", help="retrain a shipped ShapesWorld model (shapes-t2i, shapes-vlm, shapes-video)")
@@ -245,7 +258,7 @@ def build_parser() -> argparse.ArgumentParser:
         "kind",
         nargs="?",
         default="all",
-        help="all, advantages, losses, aggregations, kl, samplers, pipelines, rewards",
+        help="all, advantages, losses, aggregations, kl, samplers, pipelines, rewards, recipes",
     )
     sp.set_defaults(func=cmd_list)
     from mmgrpo.doctor import add_subcommand as add_doctor

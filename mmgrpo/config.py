@@ -6,12 +6,12 @@ Validation runs before any model loads; every message names the field, the value
 """
 
 import os
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from mmgrpo.errors import UserError
+from mmgrpo.recipes import resolve_recipe, resolve_shipped_paths
 from mmgrpo.schema import (  # noqa: F401  the schema's public names, re-exported
     AlgoConfig,
     Config,
@@ -31,10 +31,10 @@ from mmgrpo.validate import validate
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()) -> Config:
-    """Read a YAML recipe, apply `key.sub=value` overrides, type-check every field and validate the values."""
+    """Read a YAML recipe (a path or a shipped recipe's name), apply `key.sub=value` overrides, validate the values."""
     tree: dict[str, Any] = {}
     if path is not None:
-        p = Path(path)
+        p = path = resolve_recipe(path)
         if p.is_dir():
             raise UserError(
                 f"config file {str(path)!r} is a directory, not a YAML file; pass a recipe such as "
@@ -58,6 +58,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] = ()
             )
     for key, value in parse_overrides(list(overrides)):
         _set_path(tree, key, value)
+    resolve_shipped_paths(tree)
     cfg = _build(Config, tree, "")
     validate(cfg)
     return cfg
