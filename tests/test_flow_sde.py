@@ -30,7 +30,7 @@ SIG, SIG_NEXT = [1.0, 0.5], [0.75, 0.25]
 
 
 def test_registry_lists_the_five_kinds():
-    assert STEPS.names() == ["cps", "dance", "ddim", "flow_grpo", "ode"]
+    assert STEPS.names() == ["cps", "dance", "ddim", "flow_grpo", "ode", "sage"]
     with pytest.raises(ValueError, match="unknown sde step 'flow-grpo'.*did you mean 'flow_grpo'"):
         step("flow-grpo", t(X), t(V), 0.5, 0.25, noise_level=0.7)
 
@@ -185,7 +185,7 @@ def test_sampled_noise_scale_is_the_scored_scale():
     # the negative entropy -1/2 - log std - log(2 pi)/2 (mean reduction), which fails for any other sampling scale:
     # a x4 scale would give E[-z^2/2] = -8 instead of -0.5.
     x, v = torch.zeros(1, 40000, dtype=F64), torch.zeros(1, 40000, dtype=F64)
-    for kind in ("flow_grpo", "dance", "cps"):
+    for kind in ("flow_grpo", "dance", "cps", "sage"):
         out = step(kind, x, v, 0.6, 0.5, noise_level=0.7, generator=torch.Generator().manual_seed(0))
         assert (out.prev_sample - out.mean).std().item() == pytest.approx(out.std.item(), rel=0.02)
         neg_entropy = -0.5 - math.log(out.std.item()) - LN2PI / 2

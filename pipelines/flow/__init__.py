@@ -3,6 +3,7 @@
 Light to import: registering the "flow" builder imports no diffusers; `build_flow` imports it when called.
 """
 
+from pipelines.flow import sage  # noqa: F401  registers the "sage" step kind in sde.STEPS
 from pipelines.flow.build import build_flow, check_flow_kwargs
 
 

@@ -124,14 +124,15 @@ def _add_lora(transformer, model_type: str, rank: int, alpha: float | None, targ
             p.data = p.data.float()  # trainable adapter weights stay fp32 under bf16 base weights
 
 
-STEP_WEIGHTS = ("none", "guard", "guard_normalized", "noise_aware")
+STEP_WEIGHTS = ("none", "guard", "guard_normalized", "noise_aware", "grad_equalizer")
 
 
 def _check_guard(objective: str, ratio_norm: bool, step_weights: str) -> None:
     """ratio_norm / step_weights feed the guard_clipped loss (GRPO-Guard, TempFlow-GRPO): SDE objective only."""
     if step_weights not in STEP_WEIGHTS:
         raise UserError(f"pipeline.kwargs.step_weights ({step_weights!r}) must be one of {', '.join(STEP_WEIGHTS)}; "
-                        f"guard = GRPO-Guard's 1/|dt|, noise_aware = TempFlow-GRPO's std_t / mean std")
+                        f"guard = GRPO-Guard's 1/|dt|, noise_aware = TempFlow-GRPO's std_t / mean std, "
+                        f"grad_equalizer = SAGE-GRPO's equal gradient norm per step")
     if objective == "nft" and (ratio_norm or step_weights != "none"):
         raise UserError(f"pipeline.kwargs: ratio_norm ({ratio_norm}) and step_weights ({step_weights!r}) need "
                         f"objective grpo with algo.loss guard_clipped; DiffusionNFT has no ratio, unset them")
@@ -187,7 +188,7 @@ def _check_ddim(sde: str, model_type: str | None, objective: str, step_weights: 
     if model_type is not None and (sde == "ddim") != (model_type in EPS_TYPES):
         raise UserError(f"pipeline.kwargs.sde ({sde!r}) does not fit model_type {model_type!r}: epsilon-prediction "
                         f"UNets ({', '.join(EPS_TYPES)}) take sde ddim, flow models flow_grpo, dance or cps")
-    if sde == "ddim" and (objective != "grpo" or step_weights not in ("none", "noise_aware")):
+    if sde == "ddim" and (objective != "grpo" or step_weights not in ("none", "noise_aware", "grad_equalizer")):
         raise UserError(f"pipeline.kwargs: sde ddim trains with objective grpo and step_weights none or noise_aware, "
                         f"got objective {objective!r}, step_weights {step_weights!r} (DiffusionNFT and GRPO-Guard's "
                         f"1/|dt| assume a flow-matching sigma)")
@@ -212,6 +213,19 @@ def _check_value_anchor(value_anchor, plan_kwargs: dict, objective: str) -> None
     if objective != "grpo" or (isinstance(grans, list | tuple) and len(grans) > 1):
         raise UserError(f"pipeline.kwargs.value_anchor (VGPO per-step credit) needs objective grpo and no "
                         f"plan_kwargs.granularities (got objective {objective!r}, granularities {grans}); unset one")
+
+
+def _check_trust(anchor_every, trust_step, reference, objective: str) -> None:
+    """SAGE-GRPO's dual trust region (trust.py) moves or adds to the KL reference: it needs one and an SDE objective."""
+    ok = isinstance(anchor_every, int) and not isinstance(anchor_every, bool) and anchor_every >= 0 and \
+        isinstance(trust_step, int | float) and not isinstance(trust_step, bool) and trust_step >= 0
+    if not ok:
+        raise UserError(f"pipeline.kwargs: anchor_every ({anchor_every!r}) must be an integer >= 0 (0 = a fixed "
+                        f"reference) and trust_step ({trust_step!r}) a number >= 0 (0 = no per-update KL)")
+    if (anchor_every or trust_step) and (reference is False or objective != "grpo"):
+        raise UserError(f"pipeline.kwargs: anchor_every ({anchor_every}) / trust_step ({trust_step}) shape the KL to "
+                        f"the reference, which needs reference: true and objective grpo (got reference {reference}, "
+                        f"objective {objective!r}); set them to 0 or turn the reference on, with algo.kl_coef > 0")
 
 
 def _model_type(pipe, model_type: str | None, sde: str) -> str:
@@ -273,6 +287,7 @@ def check_flow_kwargs(**given) -> None:
                         f"models), ddim (epsilon-prediction UNets: SD 1.x, SDXL)")
     _check_ddim(sde, kw["model_type"], objective, step_weights)
     _check_value_anchor(kw["value_anchor"], plan_kwargs or {}, objective)
+    _check_trust(kw["anchor_every"], kw["trust_step"], kw["reference"], objective)
     _check_plan(plan, plan_kwargs or {}, objective)
     if num_steps < 1 or lora_rank < 0 or (k_chunk is not None and k_chunk < 1):
         raise UserError(f"pipeline.kwargs: num_steps ({num_steps}) must be >= 1, lora_rank ({lora_rank}) >= 0 "
@@ -315,7 +330,8 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
                k_chunk: int | None = None, torch_dtype: str | None = None, gradient_checkpointing: bool = False,
                decode_batch_size: int = 8, objective: str = "grpo", nft_steps: int = 2, ratio_norm: bool = False,
                step_weights: str = "none", reward_inputs: list[str] | str | None = None,
-               attention: str = "sdpa", prompt_cache_items: int = 256, value_anchor: dict | None = None) -> Task:
+               attention: str = "sdpa", prompt_cache_items: int = 256, value_anchor: dict | None = None,
+               anchor_every: int = 0, trust_step: float = 0.0) -> Task:
     """GRPO on a diffusers flow model (SD3/SD3.5, FLUX.1, Wan 2.1) or epsilon UNet (SD 1.x, SDXL; sde ddim).
 
     reward_inputs: the input kinds of the configured rewards (rewards.api INPUTS); ["latent"] skips the VAE in
@@ -357,7 +373,7 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
                         lora=lora_rank > 0, reference=reference, k_chunk=k_chunk, seed=seed,
                         decode_batch_size=decode_batch_size, objective=objective, nft_steps=nft_steps,
                         ratio_norm=ratio_norm, step_weights=step_weights, reward_inputs=reward_inputs,
-                        value_anchor=value_anchor)
+                        value_anchor=value_anchor, anchor_every=anchor_every, trust_step=trust_step)
     policy.num_params = {"transformer": num_params(transformer), "trainable": num_params(transformer, True)}
     return Task(policy=policy, module=transformer, train_data=train,
                 eval_data=_records(eval_data, eval_prompts, "evaluation prompts"))

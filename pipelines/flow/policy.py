@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from mmgrpo.errors import UserError
 from mmgrpo.types import Rollout
 from pipelines.flow import plan as plans
-from pipelines.flow import sde
+from pipelines.flow import sde, trust
 from pipelines.flow.models import FlowModel, FluxModel, denoiser_of
 
 
@@ -42,11 +42,15 @@ class FlowPolicy:
                  reduce: str, plan: str, plan_kwargs: dict, same_noise: bool, lora: bool, reference: bool,
                  k_chunk: int | None, seed: int, decode_batch_size: int, objective: str = "grpo",
                  nft_steps: int = 2, ratio_norm: bool = False, step_weights: str = "none",
-                 reward_inputs: Iterable[str] | None = None, value_anchor: dict | None = None):
+                 reward_inputs: Iterable[str] | None = None, value_anchor: dict | None = None,
+                 anchor_every: int = 0, trust_step: float = 0.0):
         self.pipe, self.model, self.transformer = pipe, model, denoiser_of(pipe)
         self.objective, self.nft_steps = objective, nft_steps
         self.ratio_norm, self.step_weights = ratio_norm, step_weights
         self.value_anchor = None if value_anchor is None else dict(value_anchor)  # VGPO's per-step credit (vgpo.py)
+        # SAGE-GRPO's dual trust region (trust.py): the reference moves every anchor_every steps; trust_step weighs
+        # the KL to the rollout policy, added to the KL to the reference
+        self.anchor, self.trust_step = trust.MovingAnchor(anchor_every), float(trust_step)
         self.num_steps, self.sde_kind, self.noise_level, self.reduce = num_steps, sde_kind, noise_level, reduce
         self.plan_name, self.plan_kwargs, self.same_noise = plan, dict(plan_kwargs), same_noise
         self.lora, self.k_chunk, self.seed, self.decode_batch_size = lora, k_chunk, seed, decode_batch_size
@@ -83,6 +87,7 @@ class FlowPolicy:
     def set_iteration(self, iteration: int) -> None:
         """Tell the policy the training step (moves MixGRPO windows, picks Fast branch points); else it counts calls."""
         self.iteration, self._iteration_fixed = int(iteration), True
+        self.anchor.update(self, self.iteration)
 
     # ---- rollout
 
@@ -112,7 +117,7 @@ class FlowPolicy:
 
         res = plans.execute(plan, seeds=list(seeds), shape=self.model.latent_shape(), sigmas=self.sigmas,
                             trained=trained, velocity=velocity, step=step, noise_level=self.noise_level,
-                            device=device, dtype=dtype, keep_mean=self.ratio_norm)
+                            device=device, dtype=dtype, keep_mean=self.ratio_norm or self.trust_step > 0)
         if not self._iteration_fixed:
             self.iteration += 1
         n = res.final.shape[0]
@@ -231,6 +236,10 @@ class FlowPolicy:
         if ref_mean is not None:
             ref = ref_mean[idx][:, ks].reshape(n * k, *out.mean.shape[1:])[pos.to(ref_mean.device)].to(out.mean)
             aux["kl"] = fill(torch.zeros_like(old), sde.kl_gaussian(out.mean, ref, out.std, self.reduce)).view(n, k)
+            if self.trust_step > 0:  # the dual trust region's per-update term: KL to the rollout policy's means
+                mu = rollout.extras["old_mean"][idx][:, ks].reshape(n * k, *out.mean.shape[1:])[pos.to(ref.device)]
+                aux["kl"] = aux["kl"] + self.trust_step * fill(torch.zeros_like(old), trust.step_kl(
+                    out, mu, self.reduce)).view(n, k)
         kw = self._guard_kwargs(out, rollout, idx, ks, n, k, fill)
         if kw:
             aux["loss_kwargs"] = kw
@@ -238,10 +247,15 @@ class FlowPolicy:
 
     def step_weight_table(self) -> Tensor:
         """[T] loss weight of each denoising step for `step_weights` (guard: GRPO-Guard's 1 / |dt|, arXiv:2510.22319;
-        guard_normalized: the same over its mean on the schedule; noise_aware: TempFlow-GRPO's std_t / mean std)."""
+        guard_normalized: the same over its mean on the schedule; noise_aware: TempFlow-GRPO's std_t / mean std;
+        grad_equalizer: SAGE-GRPO's (std_t / |d mean_t / d v|) over its mean, sage.equaliser_weights)."""
         from pipelines.flow.objectives import guard_step_weights, noise_aware_weights
 
         s, s_next = self.sigmas[:-1].double(), self.sigmas[1:].double()  # [T]
+        if self.step_weights == "grad_equalizer":  # SAGE-GRPO: equal expected gradient norm per step
+            from pipelines.flow.sage import equaliser_weights
+
+            return equaliser_weights(s, s_next, kind=self.sde_kind, noise_level=self.noise_level)
         if self.step_weights == "noise_aware":
             return noise_aware_weights(s, s_next, kind=self.sde_kind, noise_level=self.noise_level)
         return guard_step_weights(s, s_next, normalize=self.step_weights == "guard_normalized")
@@ -274,6 +288,9 @@ class FlowPolicy:
         pos, _ = self._trained_positions(rollout, idx, slice(None))  # [E] untrained pairs need no reference
         if not pos.numel():
             out, n, k = self._nothing(rollout, idx, slice(None))
+        elif self.lora and self.anchor.state is not None:  # a moved anchor: its adapter values, swapped in
+            with self.anchor.weights(self):
+                out, n, k = self._score(self.transformer, rollout, idx, slice(None), pos)
         elif self.lora:
             self.transformer.disable_adapters()
             try:
