@@ -25,7 +25,9 @@ PIPELINES = Registry("pipeline")
 """builder(*, seed: int, device: torch.device, dtype: torch.dtype, **pipeline.kwargs) -> mmgrpo.types.Task.
 
 Optional meta `check=fn(**pipeline.kwargs)`: the pipeline's own cheap checks, run by validation before any model
-loads (raise UserError / ValueError naming the field)."""
+loads (raise UserError / ValueError naming the field). Optional meta `settings=SomeSettings`: a dataclass with one
+field per builder keyword (same name, type and default) and a one-line docstring under each, plus `check()`;
+validation builds it from pipeline.kwargs (typed) and calls check(), and docs/config.md documents it."""
 
 RESERVED_BUILD_KWARGS = ("seed", "device", "dtype")
 _REINSTALL = "fix or reinstall the package that declares it (`pip install -e .` in a checkout), or uninstall it"

@@ -13,7 +13,7 @@ from pathlib import Path
 from mmgrpo import advantages, budget, losses, phases, sampling
 from mmgrpo.errors import UserError
 from mmgrpo.plugins import PIPELINES, RESERVED_BUILD_KWARGS, load_plugins
-from mmgrpo.schema import Config, _coerce, read_text
+from mmgrpo.schema import Config, _build, _coerce, read_text
 
 
 def _need(cond: bool, msg: str) -> None:
@@ -396,10 +396,17 @@ def _validate_components(cfg: Config) -> None:
     _check_name(PIPELINES, cfg.pipeline.name, "pipeline.name")
     _check_kwargs(PIPELINES, cfg.pipeline.name, cfg.pipeline.kwargs, "pipeline.kwargs", skip=RESERVED_BUILD_KWARGS)
     _check_loss_inputs(cfg)
-    check = PIPELINES.meta(cfg.pipeline.name).get("check")  # a pipeline's own cheap checks (flow: plan_kwargs)
+    given = {k: v for k, v in cfg.pipeline.kwargs.items() if k not in RESERVED_BUILD_KWARGS}
+    meta = PIPELINES.meta(cfg.pipeline.name)
+    settings, check = meta.get("settings"), meta.get("check")  # typed pipeline.kwargs; a pipeline's own checks
+    checks = []
+    if settings is not None:
+        checks.append(lambda: _build(settings, given, "pipeline.kwargs").check())
     if check is not None:
+        checks.append(lambda: check(**given))
+    for run in checks:
         try:
-            check(**{k: v for k, v in cfg.pipeline.kwargs.items() if k not in RESERVED_BUILD_KWARGS})
+            run()
         except UserError:
             raise
         except ValueError as err:

@@ -1,4 +1,5 @@
-"""Generate docs/config.md (one markdown table per config section) from the dataclasses and their field docstrings.
+"""Generate docs/config.md (one markdown table per config section, and per typed pipeline) from the dataclasses and
+their field docstrings.
 
 Run `python tools/gen_config_docs.py > docs/config.md`; tests/test_config.py fails when the file is out of date.
 """
@@ -13,6 +14,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from mmgrpo.plugins import PIPELINES, load_plugins
 from mmgrpo.schema import Config, field_docs
 
 HEADER = """# Configuration reference
@@ -90,6 +92,27 @@ def sections() -> list[tuple[str, type, str]]:
     return out
 
 
+def pipeline_sections() -> list[str]:
+    """One table per pipeline that registers typed settings (`settings=` dataclass), then the ones still untyped."""
+    load_plugins()
+    typed = {n: PIPELINES.meta(n)["settings"] for n in PIPELINES.names() if PIPELINES.meta(n).get("settings")}
+    parts = ["## `pipeline.kwargs`, per pipeline\n"]
+    for name, cls in typed.items():
+        doc = (cls.__doc__ or "").strip().splitlines()[0]
+        parts += [
+            f"### `{name}`\n",
+            f"{doc.rstrip('.')} (`{cls.__module__}.{cls.__name__}`).\n",
+            section_table(cls) + "\n",
+        ]
+    untyped = [f"`{n}`" for n in PIPELINES.names() if n not in typed]
+    if untyped:
+        parts.append(
+            f"Not typed yet: {', '.join(untyped)}; their keywords are their builders' keyword arguments, described "
+            "on the pipeline pages and checked against the builders' signatures and annotations.\n"
+        )
+    return parts
+
+
 def render() -> str:
     parts = [HEADER]
     for name, cls, note in sections():
@@ -97,6 +120,7 @@ def render() -> str:
         if note:
             parts.append(note[0].upper() + note[1:] + "\n")
         parts.append(section_table(cls) + "\n")
+    parts += pipeline_sections()
     return "\n".join(parts)
 
 

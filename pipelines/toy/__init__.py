@@ -7,21 +7,10 @@ from functools import partial
 
 from mmgrpo.plugins import PIPELINES
 from pipelines.toy.policy import CountLM, ToyPolicy, build_toy_count, count_reward
+from pipelines.toy.settings import ToySettings
 from rewards.api import REWARDS, FunctionReward
 
-__all__ = ["CountLM", "ToyPolicy", "build_toy_count", "count_reward"]
-
-
-def _check(max_target: int = 6, max_len: int = 8, hidden: int = 32) -> None:
-    """The toy pipeline's ranges, checked by validation before the model is built."""
-    for key, value, least in (("hidden", hidden, 1), ("max_len", max_len, 2), ("max_target", max_target, 1)):
-        if value < least:
-            raise ValueError(f"pipeline.kwargs.{key} ({value}) must be >= {least}, e.g. pipeline.kwargs.{key}=8")
-    if max_target >= max_len:
-        raise ValueError(
-            f"pipeline.kwargs.max_target ({max_target}) must be < max_len ({max_len}): a completion "
-            f"needs room for max_target letters and the end token"
-        )
+__all__ = ["CountLM", "ToyPolicy", "ToySettings", "build_toy_count", "count_reward"]
 
 
 def _register() -> None:
@@ -45,7 +34,7 @@ def _register() -> None:
             preprocess="looks for the letter 'b' in the completion",
         )
 
-    PIPELINES.register("toy_count", build_toy_count, check=_check)
+    PIPELINES.register("toy_count", build_toy_count, settings=ToySettings)
     REWARDS.register("toy_count", toy_count)
     REWARDS.register("toy_no_b", toy_no_b)
 

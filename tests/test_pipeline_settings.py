@@ -1,0 +1,57 @@
+"""Typed pipeline settings (issue 17 item 4): a pipeline registered with `settings=` documents and checks its
+`pipeline.kwargs` through one dataclass that mirrors its builder's keywords exactly, validated before any model loads.
+"""
+
+import dataclasses
+import inspect
+import typing
+from pathlib import Path
+
+import pytest
+
+from mmgrpo.config import load_config
+from mmgrpo.errors import UserError
+from mmgrpo.plugins import PIPELINES, RESERVED_BUILD_KWARGS, load_plugins
+from mmgrpo.schema import field_docs
+
+load_plugins()
+TYPED = [n for n in PIPELINES.names() if PIPELINES.meta(n).get("settings")]
+TOY = str(Path(__file__).resolve().parents[1] / "configs" / "toy_count.yaml")
+
+
+def test_the_toy_pipeline_is_typed():
+    assert "toy_count" in TYPED
+
+
+@pytest.mark.parametrize("name", TYPED)
+def test_settings_mirror_the_builder_and_document_every_field(name):
+    cls = PIPELINES.meta(name)["settings"]
+    params = {
+        k: p for k, p in inspect.signature(PIPELINES.get(name)).parameters.items() if k not in RESERVED_BUILD_KWARGS
+    }
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    assert list(fields) == list(params), f"{cls.__name__} fields != {name}'s builder keywords"
+    hints = typing.get_type_hints(cls)
+    for key, param in params.items():
+        assert fields[key].default == param.default, f"{cls.__name__}.{key} default"
+        assert hints[key] == param.annotation, f"{cls.__name__}.{key} type"
+    docs = field_docs(cls)
+    assert all(docs.get(k, "").strip() for k in fields), f"{cls.__name__}: every field needs a one-line docstring"
+    cls().check()  # the defaults are valid
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("pipeline.kwargs.max_target=8", r"pipeline.kwargs.max_target \(8\) must be < max_len \(8\)"),  # cross-field
+        ("pipeline.kwargs.max_len=1", r"pipeline.kwargs.max_len \(1\) must be >= 2"),
+        ("pipeline.kwargs.hidden=0", r"pipeline.kwargs.hidden \(0\) must be >= 1"),
+    ],
+)
+def test_settings_checks_stop_the_recipe_before_any_model_loads(override, message, monkeypatch):
+    def no_build(**kwargs):
+        raise AssertionError("the model must not be built during validation")
+
+    monkeypatch.setattr(PIPELINES, "_items", {**PIPELINES._items, "toy_count": no_build})
+    with pytest.raises(UserError, match=message):
+        load_config(TOY, [override])
