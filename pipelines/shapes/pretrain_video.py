@@ -42,8 +42,7 @@ MAX_NEW_TOKENS = 88
 """grounding's target on an 8 s clip, the 67-character time line (`time_line`), the span, the tags and <|im_end|>, is 84
 tokens (the tokenizer is character-level); the longest QA target, "<think>Compare times.</think><answer>yellow
 triangle</answer>", is 34 (configs/video: max_new_tokens 88 for grounding, 40 for QA)"""
-GROUP_SECONDS = 0.5
-"""one temporal group (2 frames at 4 fps): the time step of grounding's think line"""
+GROUP_SECONDS = 0.5  # one temporal group (2 frames at 4 fps): the time step of grounding's think line
 STATES = ("absent", "still") + tuple(f"moving {d}" for d in DIRECTIONS)
 """per colour and temporal group: the dense target of the vision head"""
 ABSENT_WEIGHT = 0.1
