@@ -341,8 +341,8 @@ def aggregate(
     An empty denominator (all masked) gives 0 with zero gradient, never NaN.
     Anchors: verl token-mean / TRL bnpo, dapo = token_mean (TRL bnpo uses the local count, so its accumulated
     gradient is not the big-batch one); TRL grpo = seq_mean_token_mean per micro-batch / accumulation steps;
-    TRL dr_grpo = seq_mean_token_sum_norm (TRL also counts empty rows); verl's seq-mean-token-sum-norm omits the
-    division by N, so its scale grows with the micro-batch size: here it is divided by N'.
+    TRL dr_grpo = seq_mean_token_sum_norm (TRL also counts empty rows); verl's seq-mean-token-sum-norm divides by
+    N' and the horizon K as here since 0.9 (older verl omitted N'). Checked against both: tests/test_peers.py.
 
     Args:
         loss: [N, K]; masked elements may hold anything, inf/NaN included.
