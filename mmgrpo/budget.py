@@ -138,6 +138,9 @@ def check(cfg, sampler_cls) -> None:
     kw = {k: v for k, v in s.allocator_kwargs.items() if k != "cost_field"}
     try:
         ALLOCATORS.check_kwargs(s.allocator, kw, field="sample.allocator_kwargs", skip=("p", "cost", "group_size"))
+    except ValueError as err:
+        raise UserError(str(err)) from None
+    try:
         b = s.batch_size // s.group_size
         ALLOCATORS.get(s.allocator)(torch.full((b,), 0.5), torch.ones(b), group_size=s.group_size, **kw)
     except (ValueError, TypeError) as err:
