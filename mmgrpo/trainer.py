@@ -306,6 +306,11 @@ def _nonfinite_loss(run: Run, batch: Batch, bad: list[int]) -> str:
     return f"non-finite loss on {where}" if where else "non-finite gradient (every sample's loss was finite)"
 
 
+def _samples(cfg: Config, batch: Batch) -> int:
+    """Samples rolled out this step: the padding of smaller groups (knapsack allocation, one process) is none."""
+    return cfg.sample.batch_size * batch.rounds if batch.real is None else int(batch.real.sum())
+
+
 def _gallery(run: Run, batch: Batch, step: int, last: bool) -> None:
     every = run.cfg.run.gallery_every
     if not (step == 0 or last or (every and step % every == 0)) or not hasattr(run.policy, "gallery"):
@@ -386,7 +391,7 @@ def train(cfg: Config) -> dict[str, Any]:
                     "lr": run.scheduler.get_last_lr()[0],
                     "time/step": secs,
                     "skipped": float(bad is not None),
-                    "perf/samples_per_sec": cfg.sample.batch_size * batch.rounds / secs,
+                    "perf/samples_per_sec": _samples(cfg, batch) / secs,
                     "rollout/rounds": batch.rounds,
                 }
             )

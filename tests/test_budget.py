@@ -159,4 +159,6 @@ def test_knapsack_recipe_trains_with_ragged_groups(tmp_path):
     assert ragged and ragged[-1]["rollout/group_size_min"] < ragged[-1]["rollout/group_size_max"]
     b = cfg.sample.batch_size // cfg.sample.group_size
     assert all(r["rollout/group_size_mean"] * b <= budget_ for r in ragged)  # the budget holds (unit cost)
+    for r in ragged:  # throughput counts the rollouts made, not the padded slots
+        assert r["perf/samples_per_sec"] * r["time/step"] == pytest.approx(r["rollout/group_size_mean"] * b)
     assert all(0 <= r["reward/total_mean"] <= 1 for r in rows)  # NaN padding is out of the reward means
