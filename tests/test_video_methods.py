@@ -164,7 +164,7 @@ def test_default_span_template_is_the_prompt_and_sft_format():
     from pipelines.shapes.pretrain_vlm import GROUNDING_TEMPLATE
     from pipelines.video.data import TASK_HINTS
 
-    assert vm.SPAN_TEMPLATE == GROUNDING_TEMPLATE  # what assets/shapes-video was fine-tuned to answer
+    assert vm.SPAN_TEMPLATE == GROUNDING_TEMPLATE  # the VLM grounding model's SFT format
     think, answer = vm.SPAN_TEMPLATE.split("</think>")
     assert think.startswith("<think>")
     # the prompt's own instruction for grounding answers

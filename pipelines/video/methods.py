@@ -9,9 +9,10 @@ from typing import Any
 import numpy as np
 
 SPAN_TEMPLATE = "<think>Find the event.</think><answer>{start:.2f} to {end:.2f}</answer>"
-"""the format the grounding prompt asks for (a short think, then `<answer>start to end</answer>`) and the one the
-shipped assets/shapes-video model was fine-tuned on (pipelines/shapes/pretrain_vlm.py GROUNDING_TEMPLATE): an injected
-answer in another format is off-distribution for the policy. 31 byte-level tokens, so it fits max_new_tokens=32."""
+"""the format the grounding prompt asks for (a short think, then `<answer>start to end</answer>`), 31 byte-level
+tokens. The shipped assets/shapes-video now thinks in a time line (pipelines/shapes/pretrain_video.py `time_line`), so
+with it an injected answer is off-distribution in its think (the answer part matches); pass gt_span_template to
+change it."""
 ANSWER_TEMPLATE = "<think>Find the answer.</think><answer>{answer}</answer>"
 TEMPLATE_FIELDS = {"span_template": ("start", "end"), "answer_template": ("answer",)}
 """the fields each template may use (str.format names)"""
