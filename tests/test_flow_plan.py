@@ -311,7 +311,9 @@ def test_policy_masks_pruned_leaves_when_advantages_are_computed():
     plan, trained = _plan("tree", num_steps=4, seeds=[1], split_steps=[0, 2], width_prune="branch_best")
     steps = torch.arange(4).repeat(4, 1)  # [N, K]
     ro = Rollout(samples=[None] * 4, old_logp=torch.zeros(4, 4), mask=trained.clone(), extras={"step": steps})
-    adv = FlowPolicy.step_advantages(SimpleNamespace(last_plan=plan), ro, torch.tensor([[1.0, 2.0, 3.0, 5.0]]))
+    adv = FlowPolicy.step_advantages(
+        SimpleNamespace(last_plan=plan, value_anchor=None), ro, torch.tensor([[1.0, 2.0, 3.0, 5.0]])
+    )
     assert ro.mask.any(1).tolist() == [False, True, False, True]
     # the advantages themselves are unchanged by pruning (values of test_depth_advantages_on_a_tree)
     torch.testing.assert_close(adv[:, 1], torch.tensor([-0.70711, -0.70711, 0.70711, 0.70711]), rtol=0, atol=1e-4)

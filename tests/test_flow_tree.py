@@ -128,14 +128,14 @@ def test_step_advantages_applies_pruning_then_credit_and_is_idempotent():
         mask=P.credit_edges_once(plan, steps, paths, 4),
         extras={"step": steps, "path_mask": paths},
     )
-    pol = SimpleNamespace(last_plan=plan)
+    pol = SimpleNamespace(last_plan=plan, value_anchor=None)
     r = torch.tensor([[1.0, 2.0, 3.0, 5.0]])
     adv = FlowPolicy.step_advantages(pol, ro, r)
     want = [[0] * 4, [1] * 4, [0] * 4, [1] * 4]  # leaves 1 and 3 survive; they now carry the shared edges
     assert ro.mask.int().tolist() == want
     torch.testing.assert_close(FlowPolicy.step_advantages(pol, ro, r), adv, rtol=0, atol=0)
     assert ro.mask.int().tolist() == want
-    per_leaf = SimpleNamespace(last_plan=dataclasses.replace(plan, edge_credit="per_leaf"))
+    per_leaf = SimpleNamespace(last_plan=dataclasses.replace(plan, edge_credit="per_leaf"), value_anchor=None)
     ro.extras.pop("path_mask")
     ro.mask = paths.clone()
     FlowPolicy.step_advantages(per_leaf, ro, r)
