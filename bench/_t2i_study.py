@@ -39,6 +39,9 @@ TRAIN_SPLIT = "shapes:train:single_object,two_objects,counting,colors,color_attr
 STRICT = ("[{name: shapes_geneval, label: partial, weight: 0.0, kwargs: {mode: partial}}, "
           "{name: shapes_geneval, label: strict, weight: 1.0, kwargs: {mode: strict}}]")
 """Strict verifier credit as the reward (partial still logged): extra shapes earn nothing."""
+PENALTY = ("[{{name: shapes_geneval, label: partial, weight: 1.0, kwargs: {{mode: partial, extra_penalty: {p}}}}}, "
+           "{{name: shapes_geneval, label: strict, weight: 0.0, kwargs: {{mode: strict}}}}]")
+"""Partial credit minus `p` per unrequested object (the verifier's `extra_penalty`): drawing extra shapes costs."""
 
 ARMS: dict[str, list[str]] = {
     "recipe": [],
@@ -61,6 +64,8 @@ ARMS: dict[str, list[str]] = {
     "sde_steps_2": ["pipeline.kwargs.plan_kwargs={sde_steps: 2, branch_range: [0, 2]}"],
     "strict_reward": ["rewards=" + STRICT],
     "const_strict": ["optim.schedule=constant", "rewards=" + STRICT],
+    "penalty_0.15": ["rewards=" + PENALTY.format(p=0.15)],
+    "const_penalty_0.15": ["optim.schedule=constant", "rewards=" + PENALTY.format(p=0.15)],
 }
 """Arms: dotted overrides on the shipped recipe. Names are the study's rows; add an arm by adding a line."""
 

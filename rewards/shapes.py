@@ -7,22 +7,25 @@ from rewards.api import REWARDS, FunctionReward, Reward
 
 
 @REWARDS.register("shapes_geneval", input="image", range="[0, 1]", paper="GenEval-style (arXiv:2310.11513)")
-def shapes_geneval(*, mode: str = "partial") -> Reward:
-    """ShapesWorld verifier: fraction (partial) or all (strict) of the prompt's shapes/colours/counts present."""
+def shapes_geneval(*, mode: str = "partial", extra_penalty: float = 0.0) -> Reward:
+    """ShapesWorld verifier: fraction (partial) or all (strict) of the prompt's shapes/colours/counts present, minus
+    `extra_penalty` per unrequested object (floored at 0; counting already pays found / max(found, asked))."""
     if mode not in ("partial", "strict"):
         raise ValueError(f"mode={mode!r} must be 'partial' or 'strict'")
+    if not 0.0 <= extra_penalty <= 1.0:
+        raise ValueError(f"extra_penalty={extra_penalty!r} must be in [0, 1]; 0 (the default) leaves extras free")
 
     def batch(samples, prompts):
         try:
             from pipelines.shapes.verifier import score
         except ImportError as err:
             raise ValueError(f"shapes_geneval needs pipelines.shapes.verifier, which failed to import: {err}") from err
-        return score(list(samples), list(prompts), mode=mode)
+        return score(list(samples), list(prompts), mode=mode, extra_penalty=extra_penalty)
 
     return FunctionReward(
         batch,
         name="shapes_geneval",
         input="image",
         needs_prompts=True,
-        preprocess=f"rendered-scene verifier ({mode}); images PIL/uint8/float CHW",
+        preprocess=f"rendered-scene verifier ({mode}, extra_penalty {extra_penalty}); images PIL/uint8/float CHW",
     )

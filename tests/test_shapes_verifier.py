@@ -211,3 +211,20 @@ def test_float_inputs_are_read_as_unit_range():
     assert to_uint8(dark).max() <= 1
     with pytest.raises(ValueError, match="dtype"):
         to_uint8(img.astype(np.int64))
+
+
+def test_extra_penalty_hand_worked():
+    # "a red circle" with a red circle and a blue square: partial 1.0, one unrequested object.
+    # extra_penalty 0.25: max(0, 1.0 - 0.25 * 1) = 0.75; strict 1 - 0.25 = 0.75; default 0 leaves 1.0.
+    img = _draw(("circle", "red", 0.25, 0.5, 0.15), ("square", "blue", 0.75, 0.5, 0.15))
+    assert score([img], ["a red circle"])[0] == 1.0
+    assert score([img], ["a red circle"], extra_penalty=0.25)[0] == pytest.approx(0.75)
+    assert score([img], ["a red circle"], mode="strict", extra_penalty=0.25)[0] == pytest.approx(0.75)
+    # floored at 0: wrong colour (0.5) minus 0.6 per extra -> max(0, 0.5 - 0.6) = 0
+    assert score([img], ["a green circle"], extra_penalty=0.6)[0] == 0.0
+    # counting is not penalised again: 3 circles + a square for "three circles" stays strict 1 and partial 1
+    pos = [(0.2, 0.2), (0.8, 0.2), (0.2, 0.8)]
+    four = _draw(*[("circle", "green", x, y, 0.14) for x, y in pos], ("square", "red", 0.5, 0.5, 0.12))
+    assert score([four], ["three circles"], extra_penalty=0.5)[0] == 1.0
+    with pytest.raises(ValueError, match="extra_penalty"):
+        score([img], ["a red circle"], extra_penalty=2.0)

@@ -62,15 +62,35 @@ def test_targets_fit_the_recipes_and_get_full_marks():
     from pipelines.video import rewards as _  # noqa: F401  registers video_task
 
     tok = AutoProcessor.from_pretrained(VIDEO).tokenizer
+    timeline = [
+        _event("yellow triangle", "appears", 0, 0),
+        _event("yellow triangle", "moves right", 2, 6),
+        _event("red circle", "appears", 4, 4),
+        _event("red circle", "moves up", 8, 10),
+    ]
     recs = [
         {"type": "grounding", "spans": [6.5, 8.0], "category": "grounding", "duration": 8.0},
-        {"type": "direction", "answers": "right", "category": "free_form"},
-        {"type": "order", "answers": "yellow triangle", "category": "free_form"},
+        {
+            "type": "direction",
+            "answers": "right",
+            "category": "free_form",
+            "duration": 8.0,
+            "timeline": timeline,
+            "question": "In which direction does the yellow triangle move?",
+        },
+        {
+            "type": "order",
+            "answers": "yellow triangle",
+            "category": "free_form",
+            "duration": 8.0,
+            "timeline": timeline,
+            "question": "Which appears first, the red circle or the yellow triangle?",
+        },
         {"type": "count", "answers": "3", "category": "numeric"},
     ]
     texts = [PV.target_text(r) for r in recs]
     lengths = [len(tok(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts]  # + <|im_end|>
-    assert lengths[0] == 84 <= PV.MAX_NEW_TOKENS and max(lengths[1:]) == 34  # QA recipe: max_new_tokens 40
+    assert lengths[0] == 84 and max(lengths) == 87 <= PV.MAX_NEW_TOKENS  # recipes: max_new_tokens 96
     task = rewards.load("video_task")(
         texts,
         prompts=None,
@@ -162,6 +182,36 @@ def test_frames_reach_the_model_through_the_rollout_policy(policy):
     # measured: see assets/README.md (shapes-video, "frames reach the model")
     assert real[g].mean() >= empty[g].mean() + 0.25  # grounding mIoU
     assert real[N_SAMPLE:].mean() >= empty[N_SAMPLE:].mean() + 0.25  # QA accuracy
+
+
+def _event(obj, event, start, end):
+    return dict(object=obj, event=event, start_frame=start, end_frame=end, start=start / 4, end=end / 4)
+
+
+def test_qa_lines_mark_each_group_by_hand():
+    # groups are frame pairs: g covers frames 2g, 2g + 1. The triangle is visible from frame 0 and moves right on
+    # frames [2, 6) = groups 1, 2; the circle appears at frame 4 (group 2) and moves up on [8, 10) = group 4.
+    tl = [
+        _event("yellow triangle", "appears", 0, 0),
+        _event("yellow triangle", "moves right", 2, 6),
+        _event("red circle", "appears", 4, 4),
+        _event("red circle", "moves up", 8, 10),
+        _event("red circle", "disappears", 12, 12),
+    ]
+    rec = {
+        "type": "direction",
+        "duration": 3.0,
+        "timeline": tl,
+        "question": "In which direction does the red circle move?",
+    }
+    # circle: absent g0, g1; still g2, g3; up g4; still g5 (visible until frame 12 = group 6)
+    assert PV.qa_line(rec) == "0.0-0.5-1.0+1.5+2.0^2.5+3.0"
+    rec |= {"type": "order", "question": "Which appears first, the red circle or the yellow triangle?"}
+    # a = circle (named first), b = triangle: b alone in g0, g1, both after
+    assert PV.qa_line(rec) == "0.0b0.5b1.0=1.5=2.0=2.5=3.0"
+    rec["question"] = "Which starts moving first, the yellow triangle or the red circle?"
+    # moving: triangle g1, g2; circle g4
+    assert PV.qa_line(rec) == "0.0-0.5a1.0a1.5-2.0b2.5-3.0"
 
 
 def test_time_line_marks_the_span_by_group():

@@ -32,17 +32,16 @@ from torch import Tensor, nn
 from pipelines.shapes.scenes import BACKGROUND, COLORS
 from pipelines.shapes.video import DIRECTIONS, VIDEO_TYPES, make_video_set
 from pipelines.shapes.video_probe import frame_encoder, lifetimes, pipeline_records, set_records
+from pipelines.shapes.video_think import GROUP_SECONDS, MOVE_MARKS, THINK, qa_line, target_text, time_line  # noqa: F401
 
 NUM_FRAMES = 32
 """frames per clip and frames sampled (configs/video: shapes_frames = num_frames = 32)"""
 PIXELS = 56 * 56
 """min = max pixels per frame: a 64 px frame becomes 4 x 4 patches of 14 px, merged 2 x 2 into 4 tokens a group"""
-THINK = {"direction": "Track it.", "order": "Compare times.", "count": "Count them."}
-MAX_NEW_TOKENS = 88
+MAX_NEW_TOKENS = 96
 """grounding's target on an 8 s clip, the 67-character time line (`time_line`), the span, the tags and <|im_end|>, is 84
-tokens (the tokenizer is character-level); the longest QA target, "<think>Compare times.</think><answer>yellow
-triangle</answer>", is 34 (configs/video: max_new_tokens 88 for grounding, 40 for QA)"""
-GROUP_SECONDS = 0.5  # one temporal group (2 frames at 4 fps): the time step of grounding's think line
+tokens (the tokenizer is character-level); the longest QA target, an order question's time line and "yellow
+triangle", is 87 (configs/video: max_new_tokens 96 for grounding and for QA)"""
 STATES = ("absent", "still") + tuple(f"moving {d}" for d in DIRECTIONS)
 """per colour and temporal group: the dense target of the vision head"""
 ABSENT_WEIGHT = 0.1
@@ -82,27 +81,6 @@ def dense_states(timeline: list[dict[str, Any]], num_frames: int) -> Tensor:
             moving = mv["start_frame"] <= 2 * g < mv["end_frame"]
             out[g, c] = STATES.index(f"moving {mv['event'][6:]}") if moving else 1
     return out
-
-
-def time_line(span: list[float], duration: float) -> str:
-    """Grounding's think: each temporal group's start time, then "+" inside `span`, "-" outside; then the clip's end.
-    [1.0, 2.0] in 3 s -> "0.0-0.5-1.0+1.5+2.0-2.5-3.0". Why: Qwen2-VL has no absolute time in its positions, and a tiny
-    LM did not learn to read it off M-RoPE (assets/README.md); here each "+"/"-" is read from the group at a fixed
-    offset back (text and temporal positions both advance one per step), and the span's ends are the labels at its
-    edges, copied (as timestamps interleaved with frames do for Qwen3-VL and NumPro)."""
-    start, end = span
-    groups = round(duration / GROUP_SECONDS)
-    marks = "".join(f"{g * GROUP_SECONDS:.1f}{'+' if start <= g * GROUP_SECONDS < end else '-'}" for g in range(groups))
-    return f"{marks}{groups * GROUP_SECONDS:.1f}"
-
-
-def target_text(rec: dict[str, Any]) -> str:
-    """The SFT completion: grounding's time line (`time_line`) or a fixed think text per QA type, then the span
-    ("2.50 to 3.50") or the answer."""
-    if rec["type"] == "grounding":
-        start, end = rec["spans"]
-        return f"<think>{time_line(rec['spans'], rec['duration'])}</think><answer>{start:.2f} to {end:.2f}</answer>"
-    return f"<think>{THINK[rec['type']]}</think><answer>{rec['answers']}</answer>"
 
 
 class Examples:

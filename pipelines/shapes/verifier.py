@@ -178,7 +178,7 @@ def evaluate(spec: PromptSpec, dets: list[dict]) -> dict:
         (req,) = spec.objects
         found = sum(_matches(req, d) for d in dets)
         partial = min(found, req.count) / max(found, req.count)
-        return dict(strict=found == req.count, partial=partial, assignment=None, relation_ok=None)
+        return dict(strict=found == req.count, partial=partial, assignment=None, relation_ok=None, extra=0)
     reqs = [o for o in spec.objects for _ in range(o.count)]
     slots = dets + [None] * len(reqs)  # None = requested object left unmatched
     best = (-1.0, None, False)
@@ -198,6 +198,7 @@ def evaluate(spec: PromptSpec, dets: list[dict]) -> dict:
         partial=value / n_terms,
         assignment=chosen,
         relation_ok=rel_ok if spec.relation is not None else None,
+        extra=len(dets) - sum(d is not None for d in chosen),
     )
 
 
@@ -230,7 +231,7 @@ def _as_list(images: Any) -> list:
     return list(images)
 
 
-def score(images: list, prompts: list[str], *, mode: str = "partial") -> np.ndarray:
+def score(images: list, prompts: list[str], *, mode: str = "partial", extra_penalty: float = 0.0) -> np.ndarray:
     """ShapesWorld GenEval reward: one score per (image, prompt) pair.
 
     Args:
@@ -238,10 +239,16 @@ def score(images: list, prompts: list[str], *, mode: str = "partial") -> np.ndar
             one batched [N, 3, H, W] tensor / [N, H, W, 3] array.
         prompts: N ShapesWorld prompts.
         mode: "strict" (GenEval 0/1 correctness) or "partial" (dense credit in [0, 1]).
+        extra_penalty: subtracted per detected object the prompt did not ask for (outside counting, whose
+            partial already divides by the objects found), floored at 0: max(0, score - p * extra). Why: partial
+            credit alone pays for drawing more shapes (docs/t2i_study.md, finding 1); GenEval's counting rule
+            applied to every category.
     Returns: float32 [N].
     """
     if mode not in ("strict", "partial"):
         raise ValueError(f"mode {mode!r} is unknown; choose 'strict' (0/1 GenEval) or 'partial' (dense credit)")
+    if not 0.0 <= extra_penalty <= 1.0:
+        raise ValueError(f"extra_penalty={extra_penalty!r} must be in [0, 1]; 0 (the default) leaves extras free")
     images = _as_list(images)
     if len(images) != len(prompts):
         raise ValueError(f"got {len(images)} images but {len(prompts)} prompts; pass one prompt per image")
@@ -249,7 +256,8 @@ def score(images: list, prompts: list[str], *, mode: str = "partial") -> np.ndar
     for i, (img, prompt) in enumerate(zip(images, prompts)):
         spec = parse_prompt(prompt)
         res = evaluate(spec, detect(img))
-        out[i] = float(res["strict"]) if mode == "strict" else res["partial"]
+        value = float(res["strict"]) if mode == "strict" else res["partial"]
+        out[i] = max(0.0, value - extra_penalty * res["extra"])
     return out
 
 
