@@ -39,6 +39,24 @@ def test_head_loss_by_hand():
     assert abs(float(loss.detach()) - (np.log(7) + np.log(4))) < 1e-6
 
 
+def test_head_position_loss_by_hand():
+    # side 2, zero logits: colour/shape part as above, log 7 + log 4; row and column cross-entropies log 2 each,
+    # averaged (0.5 * (log 2 + log 2) = log 2). Then a head that puts +10 on the right row and column (tokens 0..3
+    # of an image are cells (0,0) (0,1) (1,0) (1,1)): position accuracy 1.
+    head = DenseHead(8, side=2)
+    torch.nn.init.zeros_(head.proj.weight)
+    torch.nn.init.zeros_(head.proj.bias)
+    color, shape = torch.tensor([0, 1, 0, 0, 2, 0, 0, 0]), torch.tensor([0, 1, 0, 0, 2, 0, 0, 0])
+    loss, _ = head.loss(torch.randn(8, 8), color, shape)  # two images of 4 tokens
+    assert abs(float(loss.detach()) - (np.log(7) + np.log(4) + np.log(2))) < 1e-6
+    tokens = torch.eye(8)[[0, 1, 2, 3, 0, 1, 2, 3]]  # [8, 8] one-hot of the cell index
+    with torch.no_grad():
+        w = head.proj.weight  # [11 + 4, 8]: rows 11, 12 read the row, rows 13, 14 the column
+        for k in range(4):
+            w[11 + k // 2, k], w[13 + k % 2, k] = 10.0, 10.0
+    assert head.loss(tokens, color, shape)[1]["position"] == 1.0
+
+
 def test_merged_token_order_is_row_major_cells():
     # the targets assume merged token k covers cell (k // 4, k % 4): check it on the processor's real patch order
     # with one red square in cell (row 0, col 3) of a 32 px image (pixels 24-31 across, 0-7 down)

@@ -35,25 +35,41 @@ def cell_targets(objects: list[dict[str, Any]], side: int) -> tuple[Tensor, Tens
 
 
 class DenseHead(nn.Module):
-    """A linear read-out of colour and shape classes from each visual token [N, hidden] -> [N, 7 + 4]."""
+    """A linear read-out of colour and shape classes from each visual token [N, hidden] -> [N, 7 + 4]; with `side`,
+    also the token's own row and column in its image's side x side grid.
 
-    def __init__(self, hidden: int):
+    Why the position read-out: the tower has only relative (2D rotary) positions, and a probe read a token's row or
+    column from the shipped tower at 0.49 / 0.51 (chance 0.25), so "Is the red circle left of the blue square?" was
+    at chance (assets/README.md); a label-free target that the tower can meet from the grid's borders.
+    """
+
+    def __init__(self, hidden: int, *, side: int = 0):
         super().__init__()
-        self.proj = nn.Linear(hidden, len(COLOR_CLASSES) + len(SHAPE_CLASSES))
+        self.side = side
+        self.proj = nn.Linear(hidden, len(COLOR_CLASSES) + len(SHAPE_CLASSES) + 2 * side)
 
     def loss(self, tokens: Tensor, color: Tensor, shape: Tensor) -> tuple[Tensor, dict[str, float]]:
         """Colour and shape cross-entropies, averaged over object cells and over empty cells separately and then
-        summed (object cells are 1-4 of 16, so a plain mean would mostly teach "empty"); also each head's accuracy on
-        object cells. tokens [N, hidden]; color, shape [N] class ids (0 = no object centred here).
+        summed (object cells are 1-4 of 16, so a plain mean would mostly teach "empty"); with `side`, plus the mean
+        row and column cross-entropy over all tokens (each image's tokens row-major). Also each head's accuracy on
+        object cells (and "position": row and column both right, all tokens). tokens [N, hidden]; color, shape [N]
+        class ids (0 = no object centred here).
         """
-        logits = self.proj(tokens.float())  # [N, 11]
-        lc, ls = logits[:, : len(COLOR_CLASSES)], logits[:, len(COLOR_CLASSES):]  # [N, 7], [N, 4]
+        nc, ns = len(COLOR_CLASSES), len(SHAPE_CLASSES)
+        logits = self.proj(tokens.float())  # [N, 11 + 2 side]
+        lc, ls = logits[:, :nc], logits[:, nc: nc + ns]  # [N, 7], [N, 4]
         ce = 0.5 * (nn.functional.cross_entropy(lc, color, reduction="none")
                     + nn.functional.cross_entropy(ls, shape, reduction="none"))  # [N]
         obj = color > 0  # [N]
         loss = sum(ce[m].mean() for m in (obj, ~obj) if m.any())
         acc = {"color": float((lc.argmax(-1) == color)[obj].float().mean()),
                "shape": float((ls.argmax(-1) == shape)[obj].float().mean())}
+        if self.side:
+            k = torch.arange(tokens.shape[0], device=tokens.device) % (self.side * self.side)  # [N] cell index
+            lr_, lcol = logits[:, nc + ns: nc + ns + self.side], logits[:, nc + ns + self.side:]  # [N, side] each
+            row, col = k // self.side, k % self.side  # [N], [N]
+            loss = loss + 0.5 * (nn.functional.cross_entropy(lr_, row) + nn.functional.cross_entropy(lcol, col))
+            acc["position"] = float(((lr_.argmax(-1) == row) & (lcol.argmax(-1) == col)).float().mean())
         return loss, acc
 
 
@@ -104,11 +120,11 @@ def pretrain_tower(model: nn.Module, processor, head: DenseHead, stream, *, step
         loss.backward()
         nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        run.append([float(loss.detach()), acc["color"], acc["shape"]])
+        run.append([float(loss.detach()), acc["color"], acc["shape"], acc.get("position", 0.0)])
         if (step + 1) % 25 == 0 or step + 1 == steps:
             m = torch.tensor(run).mean(0).tolist()
-            logs.append({"step": step + 1, "dense": m[0], "color_acc": m[1], "shape_acc": m[2]})
-            log(f"tower step {step + 1} dense {m[0]:.3f} colour {m[1]:.2f} shape {m[2]:.2f}")
+            logs.append({"step": step + 1, "dense": m[0], "color_acc": m[1], "shape_acc": m[2], "position_acc": m[3]})
+            log(f"tower step {step + 1} dense {m[0]:.3f} colour {m[1]:.2f} shape {m[2]:.2f} position {m[3]:.2f}")
             run = []
     return logs
 
@@ -127,7 +143,7 @@ def dense_head(args, model: nn.Module):
         return None
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(args.seed + 1)
-        return DenseHead(model.config.text_config.hidden_size)
+        return DenseHead(model.config.text_config.hidden_size, side=4 if args.dense_position else 0)
 
 
 def optimizer(args, model: nn.Module, head: nn.Module | None) -> torch.optim.Optimizer:
@@ -155,7 +171,7 @@ def log_losses(info: dict[str, Any], step: int, t0: float, lr: float, run_loss: 
     extra = ""
     if run_dense:
         d = torch.tensor(run_dense).mean(0).tolist()
-        info["losses"][-1] |= {"dense": d[0], "dense_color_acc": d[1], "dense_shape_acc": d[2]}
-        extra = f" dense {d[0]:.3f} colour {d[1]:.2f} shape {d[2]:.2f}"
+        info["losses"][-1] |= {"dense": d[0], "dense_color_acc": d[1], "dense_shape_acc": d[2], "dense_position": d[3]}
+        extra = f" dense {d[0]:.3f} colour {d[1]:.2f} shape {d[2]:.2f} position {d[3]:.2f}"
     print(f"step {step} loss {info['losses'][-1]['loss']:.4f} lr {lr:.2e} ({(time.time() - t0) / step:.2f} s/step)"
           + extra, flush=True)

@@ -318,7 +318,7 @@ def sft_step(args, model: nn.Module, ema: nn.Module, opt, head, tap, encode, tok
         color, shape = batch_targets([r["objects"] for r in recs], tap.tokens.shape[0] // len(recs))
         dense, acc = head.loss(tap.tokens, color, shape)
         loss = loss + args.dense_weight * dense
-        dense_log = [float(dense.detach()), acc["color"], acc["shape"]]
+        dense_log = [float(dense.detach()), acc["color"], acc["shape"], acc.get("position", 0.0)]
     opt.zero_grad(set_to_none=True)
     loss.backward()
     nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -400,6 +400,8 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--vision-lr-mult", type=float, default=1.0, help="the vision tower's lr / --lr")
+    p.add_argument("--dense-position", action="store_true",
+                   help="vqa with --dense-weight: the dense head also reads each token's row and column (dense.py)")
     p.add_argument("--dense-weight", type=float, default=0.0,
                    help="vqa: weight of the per-token colour/shape loss on the tower's tokens (pipelines/shapes/dense.py)")
     p.add_argument("--tower-steps", type=int, default=0,
