@@ -140,7 +140,7 @@ def lora_norm(ckpt: Path | None) -> float:
     w = checkpoint.load(ckpt, 0)["weights"]
     total = 0.0
     for name, a in w.items():
-        if "lora_A" in name:
+        if "lora_A" in name and not name.startswith("anchor."):  # SAGE's moving anchor is saved beside the adapter
             b = w[name.replace("lora_A", "lora_B")]
             total += float((b.float() @ a.float()).pow(2).sum())
     return total ** 0.5

@@ -347,16 +347,20 @@ class FlowPolicy:
         return [p for p in self.transformer.parameters() if p.requires_grad]
 
     def state_dict(self) -> dict[str, Tensor]:
-        """The peft adapter state (LoRA) or the full transformer state (full fine-tuning), detached copies."""
+        """The peft adapter state (LoRA) or the full transformer state (full fine-tuning), detached copies; plus
+        SAGE-GRPO's moving anchor under "anchor." when it is on (trust.MovingAnchor.state_dict)."""
         if self.lora:
             from peft import get_peft_model_state_dict
 
             state = get_peft_model_state_dict(self.transformer)
         else:
             state = self.transformer.state_dict()
-        return {k: v.detach().clone() for k, v in state.items()}
+        return {k: v.detach().clone() for k, v in state.items()} | self.anchor.state_dict(self)
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        anchor = {k: v for k, v in state.items() if k.startswith(trust.MovingAnchor.PREFIX)}
+        state = {k: v for k, v in state.items() if k not in anchor}
+        self.anchor.load_state_dict(self, anchor)  # a policy without a moving anchor ignores a saved one
         if self.lora:
             from peft import set_peft_model_state_dict
 

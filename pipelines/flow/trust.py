@@ -15,12 +15,40 @@ class MovingAnchor:
     trained weights taken every `every` training steps (SAGE-GRPO arXiv:2603.21872, "periodic moving anchor").
 
     LoRA keeps the adapter values of the snapshot and swaps them in while the reference scores (base weights are
-    shared); full fine-tuning copies the weights into the policy's frozen reference module. A resumed run takes its
-    first anchor at the step it resumes from (the snapshot it would have had is not in the checkpoint).
+    shared); full fine-tuning copies the weights into the policy's frozen reference module. The anchor (its step and
+    its weights, once moved) is part of the policy's checkpoint state (`state_dict`), so a resumed run scores against
+    the same reference as the run that was not interrupted.
     """
 
+    PREFIX = "anchor."
+
     def __init__(self, every: int):
-        self.every, self.at, self.state = int(every), None, None
+        self.every, self.at, self.state, self.moved = int(every), None, None, False
+
+    def state_dict(self, policy) -> dict[str, torch.Tensor]:
+        """The anchor as flat tensors under "anchor.": its step ("anchor.at") and, once moved, its weights (LoRA: the
+        adapter snapshot by parameter name; full fine-tuning: the reference module's state under "anchor.ref.")."""
+        if self.every <= 0 or self.at is None:
+            return {}
+        out = {self.PREFIX + "at": torch.tensor(self.at)}
+        if self.moved and policy.lora:
+            out |= {f"{self.PREFIX}lora.{n}": v.detach().clone() for n, v in self.state.items()}
+        elif self.moved:
+            out |= {f"{self.PREFIX}ref.{n}": v.detach().clone() for n, v in policy.ref.state_dict().items()}
+        return out
+
+    def load_state_dict(self, policy, state: dict[str, torch.Tensor]) -> None:
+        """Restore what `state_dict` wrote (a checkpoint without "anchor.at" leaves the anchor fresh)."""
+        if self.every <= 0 or self.PREFIX + "at" not in state:
+            return
+        self.at = int(state[self.PREFIX + "at"])
+        lora = {k[len(self.PREFIX) + 5:]: v for k, v in state.items() if k.startswith(self.PREFIX + "lora.")}
+        ref = {k[len(self.PREFIX) + 4:]: v for k, v in state.items() if k.startswith(self.PREFIX + "ref.")}
+        self.moved = bool(lora or ref)
+        self.state = {n: v.clone() for n, v in lora.items()} or None
+        if ref:
+            with torch.no_grad():
+                policy.ref.load_state_dict(ref)
 
     def update(self, policy, iteration: int) -> bool:
         """Move the anchor to the current weights when `every` steps have passed since the last move; True if moved."""
@@ -32,7 +60,7 @@ class MovingAnchor:
                 return False
         elif iteration - self.at < self.every:
             return False
-        self.at = iteration
+        self.at, self.moved = iteration, True
         with torch.no_grad():
             if policy.lora:
                 self.state = {n: p.detach().clone() for n, p in policy.transformer.named_parameters() if p.requires_grad}
