@@ -64,6 +64,14 @@ ARMS: dict[str, list[str]] = {
     "sde_steps_2": ["pipeline.kwargs.plan_kwargs={sde_steps: 2, branch_range: [0, 2]}"],
     "strict_reward": ["rewards=" + STRICT],
     "const_strict": ["optim.schedule=constant", "rewards=" + STRICT],
+    "vgpo": ["pipeline.kwargs.plan=tree", ("pipeline.kwargs.plan_kwargs={roots: 2, split_steps: [0, 2], fanout: 2, "
+                                          "prune_depths: [2]}"), "pipeline.kwargs.value_anchor={anchor: 0.67, scale: 0.1}", "algo.advantage=vgpo",
+             "algo.advantage_kwargs={anchor: 0.67, scale: 0.1}"],
+    "sage": ["pipeline.kwargs.sde=sage", "pipeline.kwargs.reference=true", "pipeline.kwargs.anchor_every=24",
+             "pipeline.kwargs.trust_step=1.0", "algo.kl_coef=0.04", "pipeline.kwargs.step_weights=grad_equalizer",
+             "algo.loss=weighted_clipped"],
+    "ema_0.9": ["optim.ema_decay=0.9"],
+    "penalty_ema": ["optim.ema_decay=0.9", "rewards=" + PENALTY.format(p=0.15)],
     "penalty_0.15": ["rewards=" + PENALTY.format(p=0.15)],
     "const_penalty_0.15": ["optim.schedule=constant", "rewards=" + PENALTY.format(p=0.15)],
 }
@@ -108,7 +116,10 @@ def score(cfg, ckpt: Path | None, data: str, group_size: int) -> dict:
     task = build_task(cfg, torch.device("cpu"))
     task.policy.for_evaluation()
     if ckpt is not None:
-        task.policy.load_state_dict(checkpoint.load(ckpt, 0)["weights"])
+        data = checkpoint.load(ckpt, 0)
+        task.policy.load_state_dict(data["weights"])
+        if cfg.optim.ema_decay > 0:  # an EMA arm is scored on its EMA weights, as `mmgrpo eval ema=true` does
+            task.module.load_state_dict(data["ema"], strict=False)
     records = shapes_prompts(data)
     rows: dict[str, dict[str, list[float]]] = {}
     for lo in range(0, len(records), 16):
