@@ -68,20 +68,16 @@ def measure_pair(fn_a: Callable[[], Any], fn_b: Callable[[], Any], *, repeats: i
 
 
 def training_iteration(run: Any, step: int) -> tuple[Any, float, float]:
-    """One training iteration of a `mmgrpo.setup.Run` exactly as `mmgrpo.trainer.train` runs it (minus logging and
-    checkpoints): (the collected batch, rollout seconds, update seconds)."""
-    from mmgrpo.collect import collect
-    from mmgrpo.trainer import compute_advantages, update
+    """One training iteration of a `mmgrpo.setup.Run`: `mmgrpo.trainer.train_step`, the very call the training loop
+    makes (minus logging and checkpoints). Returns (the collected batch, rollout seconds, update seconds), the
+    update's being the advantages and the optimizer steps."""
+    from mmgrpo.trainer import train_step
 
     t0 = time.perf_counter()
-    if hasattr(run.policy, "set_iteration"):
-        run.policy.set_iteration(step)
-    batch = collect(run, step)
-    t1 = time.perf_counter()
-    adv, use, _ = compute_advantages(run, batch, progress=0.0)
-    update(run, batch, adv, use, step)
-    run.scheduler.step()
-    return batch, t1 - t0, time.perf_counter() - t1
+    batch, metrics, _ = train_step(run, step)
+    total = time.perf_counter() - t0
+    upd = metrics.get("time/advantages", 0.0) + metrics.get("time/update", 0.0)
+    return batch, total - upd, upd
 
 
 def summarise(values: list[float]) -> dict[str, float]:

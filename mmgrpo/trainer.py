@@ -367,6 +367,16 @@ def _advantages_and_update(run: Run, batch: Batch, step: int) -> tuple[dict[str,
     return metrics, bad
 
 
+def train_step(run: Run, step: int) -> tuple[Batch, dict[str, float], str | None]:
+    """One GRPO iteration, the unit `train` loops over and `bench/` measures: roll out and score (steps 1-2), then
+    advantages and clipped updates (3-4; skipped on NaN/Inf rewards, losses or gradients, with the reason returned).
+    Logging, galleries, checkpoints and stop signals (step 5) stay in `train`. Returns (batch, metrics, reason)."""
+    batch = _rollout_phase(run, step)
+    metrics = {**batch.rollout.metrics, **_reward_metrics(run, batch), **run.sampler.metrics()}
+    learned, bad = _learn_phase(run, batch, step)
+    return batch, metrics | learned, bad
+
+
 def train(cfg: Config) -> dict[str, Any]:
     """Run GRPO-style training as configured; returns the last step's metrics and the run directory."""
     run = setup(cfg)
@@ -374,12 +384,9 @@ def train(cfg: Config) -> dict[str, Any]:
     try:
         for step in range(run.start_step, cfg.run.steps):
             t0 = time.perf_counter()
-            # 1-2. sample prompts, roll out G samples per prompt, score them (refilling flat groups if asked)
-            batch = _rollout_phase(run, step)
-            metrics = {**batch.rollout.metrics, **_reward_metrics(run, batch), **run.sampler.metrics()}
-            # 3-4. advantages and clipped updates (skipped on NaN/Inf rewards, losses or gradients)
-            learned, bad = _learn_phase(run, batch, step)
-            metrics.update(learned)
+            # 1-4. sample prompts, roll out G samples per prompt, score them (refilling flat groups if asked), then
+            # advantages and clipped updates (skipped on NaN/Inf rewards, losses or gradients)
+            batch, metrics, bad = train_step(run, step)
             # 5. log, gallery, checkpoint, faults
             run.bad_streak = 0 if bad is None else run.bad_streak + 1
             if bad:
