@@ -20,20 +20,38 @@ from typing import Any
 
 from mmgrpo.errors import UserError
 from mmgrpo.registry import Registry
+from mmgrpo.schema import _build
 
 PIPELINES = Registry("pipeline")
 """builder(*, seed: int, device: torch.device, dtype: torch.dtype, **pipeline.kwargs) -> mmgrpo.types.Task.
 
 Optional meta `check=fn(**pipeline.kwargs)`: the pipeline's own cheap checks, run by validation before any model
 loads (raise UserError / ValueError naming the field). Optional meta `settings=SomeSettings`: a dataclass with one
-field per builder keyword (same name, type and default) and a one-line docstring under each, plus `check()`;
-validation builds it from pipeline.kwargs (typed) and calls check(), and docs/config.md documents it."""
+field per pipeline keyword and a one-line docstring under each, plus `check()` (types, ranges, the fields' own
+cross-checks) and optionally `check_algo(algo)` (the fields against algo.loss, algo.kl_coef...); validation builds it
+from pipeline.kwargs (typed), calls both, and docs/config.md documents it. The builder either mirrors the fields as
+keywords (same name, type and default) or takes `**kwargs` and reads them with `pipeline_settings(SomeSettings,
+kwargs)`."""
 
 RESERVED_BUILD_KWARGS = ("seed", "device", "dtype")
 _REINSTALL = "fix or reinstall the package that declares it (`pip install -e .` in a checkout), or uninstall it"
 GROUP = "mmgrpo.plugins"
 COMMANDS = "mmgrpo.commands"
 SOURCE_PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+
+
+def pipeline_settings(cls: type, kwargs: dict[str, Any]) -> Any:
+    """`cls` (a pipeline's `settings=` dataclass) built from `kwargs` as validation builds it: unknown keys and wrong
+    types are one UserError line each, then `check()`; a ValueError from check() becomes a UserError too."""
+    settings = _build(cls, dict(kwargs), "pipeline.kwargs")
+    try:
+        settings.check()
+    except UserError:
+        raise
+    except ValueError as err:
+        msg = " ".join(str(err).split())
+        raise UserError(msg if msg.startswith("pipeline.kwargs") else f"pipeline.kwargs: {msg}") from None
+    return settings
 
 
 def declared_plugins(pyproject: Path = SOURCE_PYPROJECT, group: str = GROUP) -> dict[str, str]:

@@ -56,9 +56,12 @@ class Registry:
             out[name] = self._meta[name].get("doc") or (doc[0] if doc else "")
         return out
 
-    def check_kwargs(self, name: str, kwargs: dict[str, Any], *, field: str = "kwargs", skip: tuple = ()) -> None:
-        """Raise ValueError when `kwargs` holds a keyword that `name`'s callable does not accept."""
-        params = inspect.signature(self.get(name)).parameters
+    def check_kwargs(
+        self, name: str, kwargs: dict[str, Any], *, field: str = "kwargs", skip: tuple = (), params=None
+    ) -> None:
+        """Raise ValueError when `kwargs` holds a keyword that `name`'s callable (or `params`, the keywords it
+        takes when its signature says **kwargs) does not accept."""
+        params = inspect.signature(self.get(name)).parameters if params is None else params
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             return
         allowed = [p for p, v in params.items() if v.kind is not inspect.Parameter.POSITIONAL_ONLY and p not in skip]

@@ -260,7 +260,16 @@ def yaml_load(text: str) -> Any:
 
 @cache
 def field_docs(cls: type) -> dict[str, str]:
-    """Attribute docstrings of a dataclass (the string right after each field), read from its source."""
+    """Attribute docstrings of a dataclass (the string right after each field), read from its source; a subclass
+    also has its dataclass bases' (in field order: the bases' first)."""
+    docs = {}
+    for base in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(base):
+            docs.update(_own_field_docs(base))
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body
     docs = {}

@@ -8,12 +8,14 @@ import importlib.util
 import inspect
 import math
 import os
+import typing
+from collections.abc import Mapping
 from pathlib import Path
 
 from mmgrpo import advantages, budget, losses, phases, sampling
 from mmgrpo.errors import UserError
-from mmgrpo.plugins import PIPELINES, RESERVED_BUILD_KWARGS, load_plugins
-from mmgrpo.schema import Config, _build, _coerce, read_text
+from mmgrpo.plugins import PIPELINES, RESERVED_BUILD_KWARGS, load_plugins, pipeline_settings
+from mmgrpo.schema import Config, _coerce, read_text
 
 
 def _need(cond: bool, msg: str) -> None:
@@ -41,7 +43,7 @@ def _check_name(registry, name: str, field: str) -> None:
 
 def _check_kwargs(registry, name: str, kwargs: dict, field: str, skip: tuple = ()) -> None:
     """Keywords the callable accepts (case-insensitive near misses suggested), of its annotated types, finite."""
-    params = inspect.signature(registry.get(name)).parameters
+    params = _params(registry, name)
     for key in kwargs:
         if key not in params:
             same = [p for p in params if p.lower() == str(key).lower() and p not in skip]
@@ -51,7 +53,7 @@ def _check_kwargs(registry, name: str, kwargs: dict, field: str, skip: tuple = (
                     f"{same[0]!r}?); keywords are case-sensitive"
                 )
     try:
-        registry.check_kwargs(name, kwargs, field=field, skip=skip)
+        registry.check_kwargs(name, kwargs, field=field, skip=skip, params=params)
     except ValueError as err:
         raise UserError(str(err)) from None
     for key, value in kwargs.items():
@@ -73,6 +75,20 @@ def _check_kwargs(registry, name: str, kwargs: dict, field: str, skip: tuple = (
             ) from None
         if _path_like(key) and isinstance(value, str):
             _check_path_value(where, value)
+
+
+def _params(registry, name: str) -> Mapping[str, inspect.Parameter]:
+    """The keywords `name` takes: the fields of its typed settings (a pipeline registered with `settings=`, whose
+    builder may take **kwargs), else its callable's signature."""
+    settings = registry.meta(name).get("settings")
+    if settings is None:
+        return inspect.signature(registry.get(name)).parameters
+    hints = typing.get_type_hints(settings)
+    kind = inspect.Parameter.KEYWORD_ONLY
+    return {
+        f.name: inspect.Parameter(f.name, kind, default=f.default, annotation=hints[f.name])
+        for f in dataclasses.fields(settings)
+    }
 
 
 def _annotation(tp) -> str:
@@ -399,14 +415,14 @@ def _validate_components(cfg: Config) -> None:
     given = {k: v for k, v in cfg.pipeline.kwargs.items() if k not in RESERVED_BUILD_KWARGS}
     meta = PIPELINES.meta(cfg.pipeline.name)
     settings, check = meta.get("settings"), meta.get("check")  # typed pipeline.kwargs; a pipeline's own checks
-    checks = []
     if settings is not None:
-        checks.append(lambda: _build(settings, given, "pipeline.kwargs").check())
+        typed = pipeline_settings(settings, given)
+        if hasattr(typed, "check_algo"):  # the fields against algo, then each phase's algo: loss, KL, objective
+            typed.check_algo(cfg.algo)
+            phases.check(cfg, lambda c: typed.check_algo(c.algo))
     if check is not None:
-        checks.append(lambda: check(**given))
-    for run in checks:
         try:
-            run()
+            check(**given)
         except UserError:
             raise
         except ValueError as err:

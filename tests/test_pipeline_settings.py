@@ -30,7 +30,10 @@ def test_settings_mirror_the_builder_and_document_every_field(name):
         k: p for k, p in inspect.signature(PIPELINES.get(name)).parameters.items() if k not in RESERVED_BUILD_KWARGS
     }
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    assert list(fields) == list(params), f"{cls.__name__} fields != {name}'s builder keywords"
+    if [p.kind for p in params.values()] == [inspect.Parameter.VAR_KEYWORD]:
+        params = {}  # the builder takes **kwargs and reads them through pipeline_settings(cls, kwargs)
+    else:
+        assert list(fields) == list(params), f"{cls.__name__} fields != {name}'s builder keywords"
     hints = typing.get_type_hints(cls)
     for key, param in params.items():
         assert fields[key].default == param.default, f"{cls.__name__}.{key} default"
@@ -55,3 +58,36 @@ def test_settings_checks_stop_the_recipe_before_any_model_loads(override, messag
     monkeypatch.setattr(PIPELINES, "_items", {**PIPELINES._items, "toy_count": no_build})
     with pytest.raises(UserError, match=message):
         load_config(TOY, [override])
+
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = {"vlm": "configs/vlm/shapes_vqa.yaml", "video": "configs/video/shapes_videoqa.yaml"}
+# (pipeline, override, what the one line must name: the field, the value, the fix)
+MISTAKES = [
+    ("vlm", "pipeline.kwargs.max_new_tokens=many", ["pipeline.kwargs.max_new_tokens", "'many'", "expected int"]),
+    ("vlm", "pipeline.kwargs.top_p=1.5", ["pipeline.kwargs.top_p (1.5)", "(0, 1]", "top_p=1"]),
+    (
+        "vlm",
+        "pipeline.kwargs.reference=none",
+        ["pipeline.kwargs.reference (none)", "algo.kl_coef (0.01)", "set pipeline.kwargs.reference=auto"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("pipeline", "override", "needles"), MISTAKES, ids=[m[1] for m in MISTAKES])
+def test_typed_pipelines_stop_a_bad_recipe_in_one_line_before_any_model_loads(
+    pipeline, override, needles, capsys, monkeypatch, tmp_path
+):
+    from mmgrpo.cli import main
+
+    def no_build(**kwargs):
+        raise AssertionError("the model must not be built before the settings are checked")
+
+    monkeypatch.setattr(PIPELINES, "_items", {**PIPELINES._items, pipeline: no_build})
+    extra = ["algo.kl_coef=0.01"] if "reference" in override else []
+    argv = ["train", str(ROOT / RECIPES[pipeline]), override, *extra, f"run.output_dir={tmp_path}/run"]
+    code, err = main(argv), capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, f"{needle!r} not in {err!r}"

@@ -226,18 +226,18 @@ def test_video_directory_and_special_tokens(tmp_path):
 
 
 def test_special_tokens_in_the_instruction_are_refused():
-    from pipelines.vlm.build import _check
+    from pipelines.vlm.settings import VLMSettings
 
     kw = {"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0, "logp_chunk_tokens": 64, "model_dtype": None}
-    _check(**kw, instruction="Answer in <answer></answer>.", system_prompt=None)
+    VLMSettings(**kw, instruction="Answer in <answer></answer>.", system_prompt=None).check()
     with pytest.raises(
         UserError,
         match=r"pipeline.kwargs.instruction: the instruction contains the special token "
         r"'<\|im_end\|>'",
     ):
-        _check(**kw, instruction="Answer.<|im_end|>", system_prompt=None)
+        VLMSettings(**kw, instruction="Answer.<|im_end|>", system_prompt=None).check()
     with pytest.raises(UserError, match=r"pipeline.kwargs.max_prompt_length \(0\) must be a whole number"):
-        _check(**kw, max_prompt_length=0)
+        VLMSettings(**kw, max_prompt_length=0).check()
 
 
 @pytest.mark.parametrize("kind", ["qwen2_vl", "qwen2_5_vl"])

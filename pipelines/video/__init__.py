@@ -8,12 +8,18 @@ from pipelines.video.build import build_video
 
 
 def _register() -> None:
-    from mmgrpo.plugins import PIPELINES
+    import dataclasses
+
+    from mmgrpo.plugins import PIPELINES, pipeline_settings
     from pipelines.video import advantages, rewards  # noqa: F401  registers "tempsamp", "grpo_bonus", video rewards
-    from pipelines.vlm.build import check_vlm_kwargs
+    from pipelines.vlm.settings import ModelSettings
+
+    def check_video_kwargs(**given) -> None:
+        shared = {f.name for f in dataclasses.fields(ModelSettings)}
+        pipeline_settings(ModelSettings, {k: v for k, v in given.items() if k in shared})
 
     if "video" not in PIPELINES:
-        PIPELINES.register("video", build_video, check=check_vlm_kwargs)
+        PIPELINES.register("video", build_video, check=check_video_kwargs)
 
 
 _register()

@@ -83,20 +83,15 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
 
     from pipelines.video.data import SHAPES_VIDEO, load_records, video_prompt_tokens
     from pipelines.video.policy import FrameSettings, MethodSettings, VideoPolicy
-    from pipelines.vlm.build import (
-        DTYPES,
-        _check,
-        _shared_mode,
-        apply_training_mode,
-        check_attn_implementation,
-        load_model,
-    )
+    from pipelines.vlm.build import DTYPES, _shared_mode, apply_training_mode, check_attn_implementation, load_model
     from pipelines.vlm.data import check_prompt_lengths, model_positions, model_special_tokens
     from pipelines.vlm.methods import CareLikelihood
     from pipelines.vlm.policy import SampleSettings, VLMModule
+    from pipelines.vlm.settings import ModelSettings
 
-    _check(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, logp_chunk_tokens=logp_chunk_tokens,
-           model_dtype=model_dtype, max_prompt_length=max_prompt_length, eval_split=eval_split)
+    ModelSettings(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                  logp_chunk_tokens=logp_chunk_tokens, model_dtype=model_dtype, max_prompt_length=max_prompt_length,
+                  eval_split=eval_split).check()
     _check_video(temporal=temporal, temporal_samples=temporal_samples, frame_mode=frame_mode,
                  frame_strategy=frame_strategy, video_backend=video_backend, num_frames=num_frames,
                  min_frames=min_frames, max_frames=max_frames, augment_noise=augment_noise,

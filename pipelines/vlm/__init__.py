@@ -4,9 +4,10 @@ Light to import: the builder pulls in transformers and peft only when a task is 
 """
 
 from mmgrpo.plugins import PIPELINES
-from pipelines.vlm.build import build_vlm, check_vlm_kwargs
+from pipelines.vlm.build import build_vlm
+from pipelines.vlm.settings import VLMSettings
 
 if "vlm" not in PIPELINES:
-    PIPELINES.register("vlm", build_vlm, check=check_vlm_kwargs)
+    PIPELINES.register("vlm", build_vlm, settings=VLMSettings)
 
-__all__ = ["build_vlm"]
+__all__ = ["VLMSettings", "build_vlm"]

@@ -10,9 +10,12 @@ from typing import Any
 import torch
 
 from mmgrpo.errors import UserError
+from mmgrpo.plugins import pipeline_settings
 from mmgrpo.types import Task
+from pipelines.vlm.settings import FORMAT_INSTRUCTION, ModelSettings, VLMSettings, check_attn_implementation
 
-FORMAT_INSTRUCTION = "Think inside <think></think>, then give only the final answer inside <answer></answer>."
+__all__ = ["FORMAT_INSTRUCTION", "LORA_TARGETS", "build_vlm", "check_attn_implementation", "check_vlm_kwargs"]
+
 LORA_TARGETS = r"^(?!.*visual).*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)$"
 """peft regex: the language model's attention and MLP projections; the vision tower is left out (as EasyR1 does)"""
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -26,47 +29,10 @@ def _offline_hint(model: str) -> str:
     )
 
 
-def check_attn_implementation(attn_implementation: str, device: torch.device | str | None = None) -> None:
-    """One line before any weight loads: the name must be a transformers attention kernel, and the flash kernels need
-    CUDA and their package (transformers would otherwise fail mid-load with a message that names no field)."""
-    import importlib.util
-
-    from transformers import AttentionInterface
-
-    known = ["eager", *(k for k in AttentionInterface._global_mapping if "|" not in k)]
-    if attn_implementation not in known:
-        raise UserError(
-            f"pipeline.kwargs.attn_implementation ({attn_implementation!r}) is not an attention kernel "
-            f"transformers knows; choose one of {', '.join(known)} (sdpa is the default and runs anywhere)"
-        )
-    package = {
-        "flash_attention_2": "flash_attn",
-        "flash_attention_3": "flash_attn_interface",
-        "flash_attention_4": "flash_attn",
-    }.get(attn_implementation)
-    if package is None or device is None:  # validation before the device is known checks the name only
-        return
-    on_cuda = torch.device(device).type == "cuda"
-    if not on_cuda or importlib.util.find_spec(package) is None:
-        why = "no CUDA device" if not on_cuda else f"the {package} package is not installed"
-        raise UserError(
-            f"pipeline.kwargs.attn_implementation={attn_implementation} needs CUDA and {package} ({why}); "
-            f"install flash-attn on a CUDA machine, or use attn_implementation=sdpa"
-        )
-
-
 def check_vlm_kwargs(**given) -> None:
-    """The cheap checks the engine's validation (`mmgrpo config`) runs before anything loads."""
-    from pipelines.vlm.prefix import PREFIX_ATTENTION
-    from pipelines.vlm.vision_cache import check_vision_cache
-
-    check_attn_implementation(given.get("attn_implementation", "sdpa"))
-    check_vision_cache(given.get("vision_cache", "auto"), given.get("vision_cache_items", 64))
-    if given.get("prefix_attention", "auto") not in PREFIX_ATTENTION:
-        raise UserError(
-            f"pipeline.kwargs.prefix_attention ({given['prefix_attention']!r}) must be one of "
-            f"{', '.join(PREFIX_ATTENTION)} (auto: grouped attention where the model supports it)"
-        )
+    """The checks the engine's validation (`mmgrpo config`) runs before anything loads: VLMSettings built from
+    `given` and checked (the registry's `settings=` meta does the same)."""
+    pipeline_settings(VLMSettings, given)
 
 
 def load_model(
@@ -183,263 +149,146 @@ def _shared_mode(prefix_sharing: str | bool, hf, prefix_attention: str = "auto")
     return shared
 
 
-def build_vlm(
-    *,
-    seed: int,
-    device: torch.device,
-    dtype: torch.dtype = torch.float32,
-    model: str = "tiny-random-qwen2-vl",
-    data: str = "shapes_vqa",
-    eval_data: str | None = None,
-    eval_split: str = "val",
-    train_size: int | None = 256,
-    eval_size: int | None = 64,
-    resolution: int = 32,
-    question_types: list[str] | None = None,
-    skip_bad_images: bool = False,
-    lora_rank: int = 0,
-    lora_alpha: float | None = None,
-    lora_dropout: float = 0.0,
-    lora_targets: str | list[str] | None = None,
-    freeze_vision: bool = False,
-    gradient_checkpointing: bool = False,
-    model_dtype: str | None = None,
-    attn_implementation: str = "sdpa",
-    min_pixels: int | None = None,
-    max_pixels: int | None = None,
-    max_new_tokens: int = 64,
-    max_prompt_length: int | None = None,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    stop: list[str] | str | None = "</answer>",
-    system_prompt: str | None = None,
-    instruction: str | None = FORMAT_INSTRUCTION,
-    prefix_sharing: str | bool = "auto",
-    prefix_attention: str = "auto",
-    vision_cache: str = "auto",
-    vision_cache_items: int = 64,
-    logp_chunk_tokens: int = 1024,
-    reference: str = "auto",
-    care_likelihood: bool = False,
-    care_ema_decay: float = 0.995,
-    care_ema_every: int = 10,
-    check_logp: bool = False,
-    rollout_backend: str = "hf",
-    rollout_prompts_per_call: int = 0,
-    vllm_gpu_memory_utilization: float = 0.3,
-    vllm_max_model_len: int | None = None,
-    vllm_enable_sleep_mode: bool = False,
-    vllm_engine_kwargs: dict[str, Any] | None = None,
-    cache_dir: str | None = None,
-) -> Task:
+def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.float32, **kwargs: Any) -> Task:
     """GRPO on an image-text-to-text model (Qwen2-VL, Qwen2.5-VL, ...) over VQA-style records with verifiable answers.
 
-    max_prompt_length: refuse (or, with skip_bad_images, skip) records whose chat prompt, image tokens included, is
-    longer; every prompt must also leave max_new_tokens within the model's positions. Text is never silently cut.
-    eval_split: the split of the eval records (`mmgrpo eval`): val while tuning, test for a reported held-out number.
+    kwargs: the fields of `VLMSettings` (pipelines/vlm/settings.py; docs/config.md lists them), checked first.
     """
-    from pipelines.vlm.data import (
-        check_prompt_lengths,
-        max_images,
-        model_positions,
-        model_special_tokens,
-        prompt_tokens,
-    )
-    from pipelines.vlm.methods import CareLikelihood
-    from pipelines.vlm.policy import SampleSettings, VLMModule, VLMPolicy, chat_prompt
+    from pipelines.vlm.data import check_prompt_lengths, max_images, prompt_tokens
+    from pipelines.vlm.policy import VLMPolicy, chat_prompt
     from pipelines.vlm.rollout import make_backend
 
-    _check(
-        eval_split=eval_split,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        logp_chunk_tokens=logp_chunk_tokens,
-        model_dtype=model_dtype,
-        max_prompt_length=max_prompt_length,
-        system_prompt=system_prompt,
-        instruction=instruction,
-    )
-    _check_rollout(
-        rollout_backend,
-        check_logp=check_logp,
-        gpu_memory_utilization=vllm_gpu_memory_utilization,
-        max_model_len=vllm_max_model_len,
-        max_new_tokens=max_new_tokens,
-        prompts_per_call=rollout_prompts_per_call,
-    )
-    common = {"seed": seed, "resolution": resolution, "question_types": question_types}
-    train, evals = _records(data, eval_data, eval_split, train_size, eval_size, skip_bad_images, **common)
+    s = pipeline_settings(VLMSettings, kwargs)
+    warn_top_p(s)
+    train, evals = _records(s, seed)
     # before the model loads: a missing vllm package or GPU fails in a second, not after loading 7B weights
-    check_attn_implementation(attn_implementation, device)
+    check_attn_implementation(s.attn_implementation, device)
     backend = make_backend(
-        rollout_backend,
-        prompts_per_call=rollout_prompts_per_call,
-        model_path=_model_path(model, cache_dir, rollout_backend),
+        s.rollout_backend,
+        prompts_per_call=s.rollout_prompts_per_call,
+        model_path=_model_path(s.model, s.cache_dir, s.rollout_backend),
         device=device,
-        dtype=model_dtype,
+        dtype=s.model_dtype,
         seed=seed,
-        gpu_memory_utilization=vllm_gpu_memory_utilization,
-        max_model_len=vllm_max_model_len,
-        enable_sleep_mode=vllm_enable_sleep_mode,
+        gpu_memory_utilization=s.vllm_gpu_memory_utilization,
+        max_model_len=s.vllm_max_model_len,
+        enable_sleep_mode=s.vllm_enable_sleep_mode,
         max_images=max_images(train + evals),
-        min_pixels=min_pixels,
-        max_pixels=max_pixels,
-        engine_kwargs=vllm_engine_kwargs,
+        min_pixels=s.min_pixels,
+        max_pixels=s.max_pixels,
+        engine_kwargs=s.vllm_engine_kwargs,
     )
     torch.manual_seed(seed)
-    processor, hf = load_model(
-        model,
-        dtype=DTYPES[model_dtype] if model_dtype else dtype,
-        attn_implementation=attn_implementation,
-        cache_dir=cache_dir,
-        min_pixels=min_pixels,
-        max_pixels=max_pixels,
-    )
-    hf = apply_training_mode(
-        hf,
-        lora_rank=lora_rank,
-        lora_alpha=lora_alpha,
-        lora_dropout=lora_dropout,
-        lora_targets=lora_targets,
-        freeze_vision=freeze_vision,
-        gradient_checkpointing=gradient_checkpointing,
-    ).to(device)
-    stops = (stop,) if isinstance(stop, str) else tuple(stop or ())
-    settings = SampleSettings(
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        stop=stops,
-        system_prompt=system_prompt,
-        instruction=instruction,
-    )
-    fit = {
-        "positions": model_positions(hf, vllm_max_model_len),
-        "max_prompt_length": max_prompt_length,
-        "max_new_tokens": max_new_tokens,
-        "skip": skip_bad_images,
-        "special_tokens": model_special_tokens(processor),
-    }
+    processor, hf = load_trainable(s, dtype=dtype, device=device)
+    sample = sample_settings(s)
+    fit = prompt_fit(s, processor, hf, positions_limit=s.vllm_max_model_len, skip=s.skip_bad_images)
 
     def count(rec: dict[str, Any]) -> tuple[int, int]:
-        return prompt_tokens(processor, *chat_prompt(processor, settings, rec))
+        return prompt_tokens(processor, *chat_prompt(processor, sample, rec))
 
     train = check_prompt_lengths(train, count, field="pipeline.kwargs.data", **fit)
     evals = check_prompt_lengths(evals, count, field="pipeline.kwargs.eval_data", **fit)
-    module = VLMModule(
-        hf,
-        pad_id=processor.tokenizer.pad_token_id,
-        temperature=temperature,
-        shared=_shared_mode(prefix_sharing, hf, prefix_attention),
-        chunk_tokens=logp_chunk_tokens,
-        prefix_attention=prefix_attention,
-        vision_cache=vision_cache,
-        vision_cache_items=vision_cache_items,
-    )
-    care = CareLikelihood(decay=care_ema_decay, every=care_ema_every) if care_likelihood else None
-    try:
-        policy = VLMPolicy(
-            module,
-            processor,
-            device=device,
-            settings=settings,
-            reference=reference,
-            care=care,
-            check_logp=check_logp,
-            backend=backend,
-        )
-    except ValueError as err:
-        raise UserError(f"pipeline.kwargs: {err}") from None
+    module = vlm_module(s, hf, processor)
+    policy = make_policy(VLMPolicy, s, module, processor, device=device, settings=sample, backend=backend)
     rewards = [{"name": "format", "weight": 0.5, "kwargs": {}}, {"name": "accuracy", "weight": 1.0, "kwargs": {}}]
     return Task(policy=policy, module=module, train_data=train, eval_data=evals, rewards=rewards)
 
 
-def _records(data, eval_data, eval_split, train_size, eval_size, skip_bad_images, **common) -> tuple[list, list]:
-    """(train, eval) records: eval from `eval_data`, or from the ShapesWorld split `eval_split` when training on it."""
-    from pipelines.vlm.data import SHAPES_VQA, load_records
-
-    common["skip_bad_images"] = skip_bad_images
-    train = load_records(data, split="train", size=train_size, field="pipeline.kwargs.data", **common)
-    if not (eval_data or data == SHAPES_VQA):
-        return train, []
-    field = "pipeline.kwargs.eval_data"
-    return train, load_records(eval_data or SHAPES_VQA, split=eval_split, size=eval_size, field=field, **common)
-
-
-def _check(**kw: Any) -> None:
-    from pipelines.vlm.data import check_eval_split
-
-    check_eval_split(kw.get("eval_split", "val"))
-    if kw["max_new_tokens"] < 1:
-        raise UserError(f"pipeline.kwargs.max_new_tokens ({kw['max_new_tokens']}) must be >= 1")
-    from pipelines.vlm.data import text_problem
-
-    for key in ("system_prompt", "instruction"):
-        problem = kw.get(key) and text_problem(str(kw[key]), what=key)
-        if problem:
-            raise UserError(f"pipeline.kwargs.{key}: {problem}")
-    limit = kw.get("max_prompt_length")
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise UserError(
-            f"pipeline.kwargs.max_prompt_length ({limit!r}) must be a whole number of tokens >= 1 (image "
-            f"tokens included), or null for the model's positions minus max_new_tokens"
-        )
-    if kw["temperature"] <= 0:
-        raise UserError(
-            f"pipeline.kwargs.temperature ({kw['temperature']}) must be > 0: GRPO samples, and the "
-            f"log-probs are of softmax(logits / temperature)"
-        )
-    if not 0 < kw["top_p"] <= 1:
-        raise UserError(f"pipeline.kwargs.top_p ({kw['top_p']}) must be in (0, 1]")
-    if kw["top_p"] < 1:
+def warn_top_p(s: ModelSettings) -> None:
+    if s.top_p < 1:
         warnings.warn(
             "pipeline.kwargs.top_p < 1 samples from a truncated distribution while log-probs use the full "
             "softmax (as TRL and verl do); the first ratio is still exactly 1",
             stacklevel=3,
         )
-    if kw["logp_chunk_tokens"] < 1:
-        raise UserError(f"pipeline.kwargs.logp_chunk_tokens ({kw['logp_chunk_tokens']}) must be >= 1")
-    if kw["model_dtype"] is not None and kw["model_dtype"] not in DTYPES:
-        raise UserError(f"pipeline.kwargs.model_dtype ({kw['model_dtype']!r}) must be one of {sorted(DTYPES)} or null")
 
 
-def _check_rollout(
-    backend: str,
-    *,
-    check_logp: bool,
-    gpu_memory_utilization: float,
-    max_model_len: int | None,
-    max_new_tokens: int,
-    prompts_per_call: int = 0,
-) -> None:
-    from pipelines.vlm.rollout import ROLLOUT_BACKENDS
+def load_trainable(s: ModelSettings, *, dtype: torch.dtype, device: torch.device):
+    """(processor, model on `device`): the model loaded in model_dtype (else `dtype`), in its training mode."""
+    processor, hf = load_model(
+        s.model,
+        dtype=DTYPES[s.model_dtype] if s.model_dtype else dtype,
+        attn_implementation=s.attn_implementation,
+        cache_dir=s.cache_dir,
+        min_pixels=s.min_pixels,
+        max_pixels=s.max_pixels,
+    )
+    hf = apply_training_mode(
+        hf,
+        lora_rank=s.lora_rank,
+        lora_alpha=s.lora_alpha,
+        lora_dropout=s.lora_dropout,
+        lora_targets=s.lora_targets,
+        freeze_vision=s.freeze_vision,
+        gradient_checkpointing=s.gradient_checkpointing,
+    )
+    return processor, hf.to(device)
 
-    if backend not in ROLLOUT_BACKENDS:
-        raise UserError(f"pipeline.kwargs.rollout_backend ({backend!r}) must be one of {list(ROLLOUT_BACKENDS)}")
-    if not isinstance(prompts_per_call, int) or prompts_per_call < 0:
-        raise UserError(
-            f"pipeline.kwargs.rollout_prompts_per_call ({prompts_per_call!r}) must be an integer >= 0: "
-            f"prompts sampled together (0 = all of a rank's prompts in one batch; lower it to bound "
-            f"the rollout's KV cache)"
-        )
-    if backend != "vllm":
-        return
-    if check_logp:
-        raise UserError(
-            "pipeline.kwargs.check_logp=true compares generate's own log-probs with the recomputed ones; "
-            "with rollout_backend=vllm the old log-probs are always recomputed by the training model, so "
-            "set check_logp=false (or rollout_backend=hf)"
-        )
-    if not 0 < gpu_memory_utilization <= 1:
-        raise UserError(
-            f"pipeline.kwargs.vllm_gpu_memory_utilization ({gpu_memory_utilization}) must be in (0, 1]: "
-            f"the fraction of the GPU vLLM may take next to training (0.3 leaves 70% for the update)"
-        )
-    if max_model_len is not None and max_model_len <= max_new_tokens:
-        raise UserError(
-            f"pipeline.kwargs.vllm_max_model_len ({max_model_len}) must exceed max_new_tokens "
-            f"({max_new_tokens}): it bounds prompt (image tokens included) + completion"
-        )
+
+def sample_settings(s: ModelSettings):
+    """The policy's SampleSettings (stop strings as a tuple)."""
+    from pipelines.vlm.policy import SampleSettings
+
+    stop = (s.stop,) if isinstance(s.stop, str) else tuple(s.stop or ())
+    return SampleSettings(
+        max_new_tokens=s.max_new_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        stop=stop,
+        system_prompt=s.system_prompt,
+        instruction=s.instruction,
+    )
+
+
+def prompt_fit(s: ModelSettings, processor, hf, *, positions_limit: int | None = None, **kw: Any) -> dict[str, Any]:
+    """check_prompt_lengths' keywords: the model's positions, the prompt and completion budgets, special tokens."""
+    from pipelines.vlm.data import model_positions, model_special_tokens
+
+    return {
+        "positions": model_positions(hf, positions_limit),
+        "max_prompt_length": s.max_prompt_length,
+        "max_new_tokens": s.max_new_tokens,
+        "special_tokens": model_special_tokens(processor),
+        **kw,
+    }
+
+
+def vlm_module(s: ModelSettings, hf, processor):
+    """The trained VLMModule: prefix sharing decided for this model, log-prob chunks, the vision cache."""
+    from pipelines.vlm.policy import VLMModule
+
+    return VLMModule(
+        hf,
+        pad_id=processor.tokenizer.pad_token_id,
+        temperature=s.temperature,
+        shared=_shared_mode(s.prefix_sharing, hf, s.prefix_attention),
+        chunk_tokens=s.logp_chunk_tokens,
+        prefix_attention=s.prefix_attention,
+        vision_cache=s.vision_cache,
+        vision_cache_items=s.vision_cache_items,
+    )
+
+
+def make_policy(cls: type, s: ModelSettings, module, processor, **kw: Any):
+    """`cls(module, processor, reference=..., care=..., check_logp=..., **kw)`; its ValueError as one UserError."""
+    from pipelines.vlm.methods import CareLikelihood
+
+    care = CareLikelihood(decay=s.care_ema_decay, every=s.care_ema_every) if s.care_likelihood else None
+    try:
+        return cls(module, processor, reference=s.reference, care=care, check_logp=s.check_logp, **kw)
+    except ValueError as err:
+        raise UserError(f"pipeline.kwargs: {err}") from None
+
+
+def _records(s: VLMSettings, seed: int) -> tuple[list, list]:
+    """(train, eval) records: eval from `eval_data`, or from the ShapesWorld split `eval_split` when training on it."""
+    from pipelines.vlm.data import SHAPES_VQA, load_records
+
+    common = {"seed": seed, "resolution": s.resolution, "question_types": s.question_types}
+    common["skip_bad_images"] = s.skip_bad_images
+    train = load_records(s.data, split="train", size=s.train_size, field="pipeline.kwargs.data", **common)
+    if not (s.eval_data or s.data == SHAPES_VQA):
+        return train, []
+    field = "pipeline.kwargs.eval_data"
+    return train, load_records(s.eval_data or SHAPES_VQA, split=s.eval_split, size=s.eval_size, field=field, **common)
