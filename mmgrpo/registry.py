@@ -59,9 +59,12 @@ class Registry:
     def check_kwargs(
         self, name: str, kwargs: dict[str, Any], *, field: str = "kwargs", skip: tuple = (), params=None
     ) -> None:
-        """Raise ValueError when `kwargs` holds a keyword that `name`'s callable (or `params`, the keywords it
-        takes when its signature says **kwargs) does not accept."""
-        params = inspect.signature(self.get(name)).parameters if params is None else params
+        """Raise ValueError when `kwargs` holds a keyword that `name`'s callable does not accept: `params` if given,
+        else the fields of its `settings=` dataclass meta if it has one (a builder that takes **kwargs), else its
+        signature."""
+        if params is None:
+            settings = self.meta(name).get("settings")
+            params = inspect.signature(settings or self.get(name)).parameters
         if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
             return
         allowed = [p for p, v in params.items() if v.kind is not inspect.Parameter.POSITIONAL_ONLY and p not in skip]

@@ -8,7 +8,6 @@ import importlib.util
 import inspect
 import math
 import os
-import typing
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -80,15 +79,7 @@ def _check_kwargs(registry, name: str, kwargs: dict, field: str, skip: tuple = (
 def _params(registry, name: str) -> Mapping[str, inspect.Parameter]:
     """The keywords `name` takes: the fields of its typed settings (a pipeline registered with `settings=`, whose
     builder may take **kwargs), else its callable's signature."""
-    settings = registry.meta(name).get("settings")
-    if settings is None:
-        return inspect.signature(registry.get(name)).parameters
-    hints = typing.get_type_hints(settings)
-    kind = inspect.Parameter.KEYWORD_ONLY
-    return {
-        f.name: inspect.Parameter(f.name, kind, default=f.default, annotation=hints[f.name])
-        for f in dataclasses.fields(settings)
-    }
+    return inspect.signature(registry.meta(name).get("settings") or registry.get(name)).parameters
 
 
 def _annotation(tp) -> str:
