@@ -61,7 +61,10 @@ def test_settings_checks_stop_the_recipe_before_any_model_loads(override, messag
 
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = {"vlm": "configs/vlm/shapes_vqa.yaml", "video": "configs/video/shapes_videoqa.yaml"}
+RECIPES = {
+    "vlm": "configs/vlm/shapes_vqa.yaml",
+    "video": "configs/video/shapes_videoqa.yaml",
+}
 # (pipeline, override, what the one line must name: the field, the value, the fix)
 MISTAKES = [
     ("vlm", "pipeline.kwargs.max_new_tokens=many", ["pipeline.kwargs.max_new_tokens", "'many'", "expected int"]),
@@ -70,6 +73,13 @@ MISTAKES = [
         "vlm",
         "pipeline.kwargs.reference=none",
         ["pipeline.kwargs.reference (none)", "algo.kl_coef (0.01)", "set pipeline.kwargs.reference=auto"],
+    ),
+    ("video", "pipeline.kwargs.num_frames=eight", ["pipeline.kwargs.num_frames", "'eight'", "expected int"]),
+    ("video", "pipeline.kwargs.augment_noise=-1", ["pipeline.kwargs.augment_noise (-1.0)", ">= 0", "augment_noise="]),
+    (
+        "video",
+        "pipeline.kwargs.min_frames=80",  # the recipe reads at most max_frames=64
+        ["min_frames <= max_frames", "min_frames=80", "max_frames=64", "pipeline.kwargs.min_frames=2"],
     ),
 ]
 

@@ -5,23 +5,17 @@ Light to import: transformers, decord and PyAV load only when a task is built or
 """
 
 from pipelines.video.build import build_video
+from pipelines.video.settings import VideoSettings
 
 
 def _register() -> None:
-    import dataclasses
-
-    from mmgrpo.plugins import PIPELINES, pipeline_settings
+    from mmgrpo.plugins import PIPELINES
     from pipelines.video import advantages, rewards  # noqa: F401  registers "tempsamp", "grpo_bonus", video rewards
-    from pipelines.vlm.settings import ModelSettings
-
-    def check_video_kwargs(**given) -> None:
-        shared = {f.name for f in dataclasses.fields(ModelSettings)}
-        pipeline_settings(ModelSettings, {k: v for k, v in given.items() if k in shared})
 
     if "video" not in PIPELINES:
-        PIPELINES.register("video", build_video, check=check_video_kwargs)
+        PIPELINES.register("video", build_video, settings=VideoSettings)
 
 
 _register()
 
-__all__ = ["build_video"]
+__all__ = ["VideoSettings", "build_video"]

@@ -1,0 +1,117 @@
+"""The video pipeline's typed settings (`pipeline.kwargs` of `video`): the vlm pipeline's model settings
+(pipelines/vlm/settings.py `ModelSettings`, inherited, nothing re-declared) plus video records, frames and the
+method switches (T-GRPO, TempSamp-R1 ground-truth injection, Reg-GRPO augmentation). No model code here.
+"""
+
+from dataclasses import dataclass
+
+from mmgrpo.errors import UserError
+from pipelines.vlm.settings import ModelSettings, at_least
+
+TEMPORAL = ("none", "generate", "logp_gap")
+
+
+@dataclass
+class VideoSettings(ModelSettings):
+    """The video pipeline's `pipeline.kwargs` (`pipeline.name: video`): video-text-to-text GRPO (grounding, QA)."""
+
+    data: str = "shapes_video"
+    """training records: shapes_video (ShapesWorld clips), hf:<dataset> or a JSONL file of video records"""
+    train_size: int | None = 64
+    """training records to use; null = all (shapes_video needs a number)"""
+    eval_size: int | None = 16
+    """eval records to use; null = all (shapes_video needs a number)"""
+    shapes_types: list[str] | None = None
+    """ShapesWorld video task types to draw; null = all"""
+    shapes_frames: int = 24
+    """frames of a ShapesWorld clip"""
+    shapes_resolution: int = 64
+    """ShapesWorld frame side in pixels"""
+    skip_bad_videos: bool = False
+    """skip (and count) records whose video is unreadable or whose prompt is too long, instead of stopping"""
+    time_prompt: bool = True
+    """tell the model each sampled frame's time in seconds"""
+    frame_mode: str = "count"
+    """how many frames to read: count (num_frames), fps (frame_fps) or budget (token_budget)"""
+    num_frames: int = 8
+    """frames per video with frame_mode count (>= 1)"""
+    frame_fps: float = 2.0
+    """frames per second with frame_mode fps"""
+    token_budget: int = 1024
+    """video tokens per clip with frame_mode budget"""
+    pixels_per_frame: int = 128 * 28 * 28
+    """pixel area each frame is resized to"""
+    min_frames: int = 2
+    """fewest frames read (>= 1)"""
+    max_frames: int = 64
+    """most frames read (>= min_frames)"""
+    frame_strategy: str = "uniform"
+    """which frames: uniform or segment_random (one random frame per equal segment)"""
+    video_backend: str = "auto"
+    """video reader: auto, decord or av"""
+    frame_cache: str | None = None
+    """directory caching decoded frames; null = none"""
+    temporal: str = "none"
+    """T-GRPO signal: none, generate (Video-R1: extra rollouts on shuffled frames) or logp_gap (re-score, no
+    generation)"""
+    temporal_samples: int | None = None
+    """shuffled-frame rollouts per group with temporal generate (>= 1); null = G // 2, as Video-R1"""
+    inject_ground_truth: bool = False
+    """TempSamp-R1: put the ground-truth answer in each group (needs spans or answers in every training record)"""
+    gt_span_template: str | None = None
+    """TempSamp-R1: text of an injected span answer, with {start} and {end}; null = the default template"""
+    gt_answer_template: str | None = None
+    """TempSamp-R1: text of an injected answer, with {answer}; null = the default template"""
+    augment: bool = False
+    """Reg-GRPO / DeepVideo-R1: difficulty-aware augmentation of too easy or too hard prompts"""
+    augment_reward: str | dict = "video_task"
+    """reward that judges a prompt's difficulty for augment: a name or {name, kwargs}"""
+    augment_easy_min: float = 0.9
+    """augment: a group mean reward >= this is too easy (the frames are noised)"""
+    augment_hard_max: float = 0.0
+    """augment: a group mean reward <= this is too hard"""
+    augment_noise: float = 40.0
+    """augment: pixel noise std on a 0-255 scale (>= 0)"""
+
+    def check(self) -> None:
+        """The model settings' checks, then the records, frames and method switches."""
+        super().check()
+        for key in ("shapes_frames", "shapes_resolution"):
+            at_least(self, key, 1)
+        at_least(self, "train_size", 1, " records", none_ok=True)
+        at_least(self, "eval_size", 0, " records", none_ok=True)
+        self._check_frames()
+        self._check_methods()
+
+    def _check_frames(self) -> None:
+        from pipelines.video.io import BACKENDS, MODES, STRATEGIES
+
+        for key, choices in (("frame_mode", MODES), ("frame_strategy", STRATEGIES), ("video_backend", BACKENDS)):
+            if getattr(self, key) not in choices:
+                raise UserError(f"pipeline.kwargs.{key} ({getattr(self, key)!r}) must be one of {choices}")
+        if self.num_frames < 1 or self.max_frames < self.min_frames or self.min_frames < 1:
+            raise UserError(f"pipeline.kwargs: need num_frames >= 1 and 1 <= min_frames <= max_frames, got num_frames="
+                            f"{self.num_frames}, min_frames={self.min_frames}, max_frames={self.max_frames}; e.g. "
+                            f"pipeline.kwargs.min_frames=2 pipeline.kwargs.max_frames=64")
+        for key in ("frame_fps", "token_budget", "pixels_per_frame"):
+            if getattr(self, key) <= 0:
+                raise UserError(f"pipeline.kwargs.{key} ({getattr(self, key)}) must be > 0")
+
+    def _check_methods(self) -> None:
+        from pipelines.video.methods import check_template
+
+        if self.temporal not in TEMPORAL:
+            raise UserError(f"pipeline.kwargs.temporal ({self.temporal!r}) must be one of {TEMPORAL}: 'generate' is "
+                            f"Video-R1's T-GRPO (extra rollouts on shuffled frames), 'logp_gap' re-scores the same "
+                            f"completions on shuffled frames (no generation)")
+        if self.temporal_samples is not None and self.temporal_samples < 1:
+            raise UserError(f"pipeline.kwargs.temporal_samples ({self.temporal_samples}) must be >= 1 or null "
+                            f"(G // 2)")
+        at_least(self, "augment_noise", 0, " (pixel std, 0-255)")
+        for name in ("span_template", "answer_template"):
+            template = getattr(self, f"gt_{name}")
+            if template is not None:
+                try:
+                    check_template(name, template)
+                except ValueError as err:
+                    raise UserError(f"pipeline.kwargs.gt_{err}") from None
