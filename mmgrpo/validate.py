@@ -371,38 +371,10 @@ def _validate_optim(cfg: Config) -> None:
     _need(0 <= o.ema_decay < 1, f"optim.ema_decay ({o.ema_decay}) must be in [0, 1) (0 disables the EMA)")
 
 
-# pipeline.kwargs whose per-element tensors reach the policy loss as keywords (flow: GRPO-Guard, TempFlow-GRPO)
-_LOSS_INPUTS = {"step_weights": ("weight",), "ratio_norm": ("std", "mean_sq_dist")}
-
-
-def _check_loss_inputs(cfg: Config) -> None:
-    """A pipeline switch that hands the loss extra per-element inputs needs a loss that takes them (checked before
-    the model loads, not at the first update)."""
-    params = inspect.signature(losses.POLICY_LOSSES.get(cfg.algo.loss)).parameters
-    takers = [
-        n
-        for n in losses.names()
-        if all(
-            k in inspect.signature(losses.POLICY_LOSSES.get(n)).parameters for ks in _LOSS_INPUTS.values() for k in ks
-        )
-    ]
-    for key, needs in _LOSS_INPUTS.items():
-        value = cfg.pipeline.kwargs.get(key)
-        if value in (None, False, "none") or all(n in params for n in needs):
-            continue
-        off = "false" if isinstance(value, bool) else "none"
-        raise UserError(
-            f"pipeline.kwargs.{key} ({value!r}) feeds the policy loss per-step {'/'.join(needs)}, which "
-            f"algo.loss ({cfg.algo.loss!r}) does not take; set algo.loss={' or '.join(takers) or '?'} "
-            f"(GRPO-Guard's loss) or pipeline.kwargs.{key}={off}"
-        )
-
-
 def _validate_components(cfg: Config) -> None:
     load_plugins(cfg.run.plugins)
     _check_name(PIPELINES, cfg.pipeline.name, "pipeline.name")
     _check_kwargs(PIPELINES, cfg.pipeline.name, cfg.pipeline.kwargs, "pipeline.kwargs", skip=RESERVED_BUILD_KWARGS)
-    _check_loss_inputs(cfg)
     given = {k: v for k, v in cfg.pipeline.kwargs.items() if k not in RESERVED_BUILD_KWARGS}
     meta = PIPELINES.meta(cfg.pipeline.name)
     settings, check = meta.get("settings"), meta.get("check")  # typed pipeline.kwargs; a pipeline's own checks

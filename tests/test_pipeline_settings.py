@@ -64,6 +64,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RECIPES = {
     "vlm": "configs/vlm/shapes_vqa.yaml",
     "video": "configs/video/shapes_videoqa.yaml",
+    "flow": "configs/flow/sd3_tiny_cpu.yaml",
 }
 # (pipeline, override, what the one line must name: the field, the value, the fix)
 MISTAKES = [
@@ -80,6 +81,13 @@ MISTAKES = [
         "video",
         "pipeline.kwargs.min_frames=80",  # the recipe reads at most max_frames=64
         ["min_frames <= max_frames", "min_frames=80", "max_frames=64", "pipeline.kwargs.min_frames=2"],
+    ),
+    ("flow", "pipeline.kwargs.num_steps=ten", ["pipeline.kwargs.num_steps", "'ten'", "expected int"]),
+    ("flow", "pipeline.kwargs.prompt_cache_items=-1", ["pipeline.kwargs.prompt_cache_items (-1)", ">= 0"]),
+    (
+        "flow",
+        "pipeline.kwargs.step_weights=guard",  # GRPO-Guard's weights with the recipe's algo.loss clipped
+        ["pipeline.kwargs.step_weights ('guard')", "algo.loss ('clipped')", "set algo.loss=guard_clipped"],
     ),
 ]
 
