@@ -153,12 +153,6 @@ def _scores(policy, recs: list[dict]) -> np.ndarray:
     ).numpy()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 14: the shipped video model uses its frames, but by less than this test's 0.25 margins (greedy, "
-    "100 test clips: grounding mIoU 0.237 real vs 0.151 blank, count 0.80 vs 0.53; assets/README.md); strict, so a "
-    "model that meets them makes this XPASS and the marker must go",
-)
 def test_frames_reach_the_model_through_the_rollout_policy(policy):
     """Real frames score far above blank ones on a fixed test sample, through `VideoPolicy.rollout` (the code GRPO
     samples with: prefix-shared log-probs, cached vision features). Fails when pixels stop reaching the model."""
@@ -179,9 +173,10 @@ def test_frames_reach_the_model_through_the_rollout_policy(policy):
             }
         )
     )
-    # measured: see assets/README.md (shapes-video, "frames reach the model")
-    assert real[g].mean() >= empty[g].mean() + 0.25  # grounding mIoU
-    assert real[N_SAMPLE:].mean() >= empty[N_SAMPLE:].mean() + 0.25  # QA accuracy
+    # measured with the shipped 2026-11-27 model: grounding mIoU 0.606 real vs 0.000 blank; QA accuracy 0.583 vs 0.333
+    # (count carries it: direction and order barely use the frames yet, assets/README.md)
+    assert real[g].mean() >= empty[g].mean() + 0.4  # grounding mIoU
+    assert real[N_SAMPLE:].mean() >= empty[N_SAMPLE:].mean() + 0.2  # QA accuracy
 
 
 def _event(obj, event, start, end):
