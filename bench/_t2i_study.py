@@ -110,8 +110,8 @@ def score(cfg, ckpt: Path | None, data: str, group_size: int) -> dict:
     from mmgrpo import checkpoint
     from mmgrpo.runtime import prompt_seed
     from mmgrpo.setup import build_task
+    from mmgrpo_shapes.verifier import verify
     from pipelines.flow.build import shapes_prompts
-    from pipelines.shapes.verifier import verify
 
     task = build_task(cfg, torch.device("cpu"))
     task.policy.for_evaluation()

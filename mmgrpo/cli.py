@@ -1,4 +1,5 @@
-"""The `mmgrpo` command: train, eval, sample, config, list, rewards, serve-rewards.
+"""The `mmgrpo` command: train, eval, sample, config, list, doctor, and the plugins' sub-commands (rewards,
+serve-rewards, pretrain: the `mmgrpo.commands` entry points).
 
 User errors print one line and exit 2 (no traceback); `--debug` shows the traceback.
 """
@@ -186,36 +187,6 @@ def cmd_list(args) -> int:
     return 0
 
 
-PRETRAIN = {
-    "shapes-t2i": ("pipelines.shapes.pretrain_t2i", []),
-    "shapes-vlm": ("pipelines.shapes.pretrain_vlm", ["--task", "vqa"]),
-    "shapes-video": ("pipelines.shapes.pretrain_video", []),
-}
-"""`mmgrpo pretrain NAME [args]`: the module whose main(argv) trains NAME, and the arguments it always gets"""
-
-
-def cmd_pretrain(args) -> int:
-    import importlib
-
-    from mmgrpo.errors import UserError
-
-    if args.name not in PRETRAIN:
-        raise UserError(f"mmgrpo pretrain: unknown model {args.name!r}; choose from: {', '.join(PRETRAIN)}")
-    module, fixed = PRETRAIN[args.name]
-    usage_error = argparse.ArgumentParser.error
-    prog = f"mmgrpo pretrain {args.name}"
-
-    def one_line(parser, message: str):  # the module's own parser: a usage mistake is one line, too
-        parser.exit(2, f"{prog}: error: {' '.join(message.split())}; see `{prog} --help`\n")
-
-    argparse.ArgumentParser.error = one_line
-    try:
-        importlib.import_module(module).main(fixed + list(args.args))
-    finally:
-        argparse.ArgumentParser.error = usage_error
-    return 0
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse with the CLI's error contract: a usage mistake is one line on stderr and exit 2."""
 
@@ -249,10 +220,6 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("config", help="YAML recipe, e.g. configs/toy_count.yaml, or a shipped one's name (toy_count)")
         sp.add_argument("overrides", nargs="*", help="key.sub=value overrides, e.g. algo.kl_coef=0.01")
         sp.set_defaults(func=func)
-    sp = sub.add_parser("pretrain", help="retrain a shipped ShapesWorld model (shapes-t2i, shapes-vlm, shapes-video)")
-    sp.add_argument("name", help=", ".join(PRETRAIN))
-    sp.add_argument("args", nargs=argparse.REMAINDER, help="passed on, e.g. --minutes 45 --out /tmp/model")
-    sp.set_defaults(func=cmd_pretrain)
     sp = sub.add_parser("list", help="list registered components with one-line descriptions")
     sp.add_argument(
         "kind",
@@ -264,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     from mmgrpo.doctor import add_subcommand as add_doctor
 
     add_doctor(sub)  # `mmgrpo doctor`: GPU smoke test (mmgrpo/doctor.py)
-    for add in command_adders(lambda line: print(line, file=sys.stderr)):  # `mmgrpo rewards`, `serve-rewards`...
+    for add in command_adders(lambda line: print(line, file=sys.stderr)):  # `rewards`, `serve-rewards`, `pretrain`...
         add(sub)
     return p
 

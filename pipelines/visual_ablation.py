@@ -51,7 +51,7 @@ def blank_image(image: Any) -> np.ndarray:
 def _blank_video(path: str, workdir: Path, made: dict[tuple, str]) -> str:
     """A clip of the same frame count, fps and size as `path` (odd sides + 1), every frame its first frame's
     background colour."""
-    from pipelines.shapes.video import write_mp4
+    from mmgrpo_shapes.video import write_mp4
     from pipelines.video.io import read_frames, video_info
 
     info = video_info(path)

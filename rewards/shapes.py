@@ -1,6 +1,6 @@
-"""The ShapesWorld GenEval-style verifier (pipelines/shapes/verifier.py) as the registered reward "shapes_geneval".
+"""The ShapesWorld GenEval-style verifier (mmgrpo_shapes/verifier.py) as the registered reward "shapes_geneval".
 
-The verifier is imported inside the call, so `import rewards` works without the ShapesWorld pipeline.
+The verifier is imported inside the call, so `import rewards` works without the ShapesWorld package (mmgrpo_shapes).
 """
 
 from rewards.api import REWARDS, FunctionReward, Reward
@@ -17,9 +17,9 @@ def shapes_geneval(*, mode: str = "partial", extra_penalty: float = 0.0) -> Rewa
 
     def batch(samples, prompts):
         try:
-            from pipelines.shapes.verifier import score
+            from mmgrpo_shapes.verifier import score
         except ImportError as err:
-            raise ValueError(f"shapes_geneval needs pipelines.shapes.verifier, which failed to import: {err}") from err
+            raise ValueError(f"shapes_geneval needs mmgrpo_shapes.verifier, which failed to import: {err}") from err
         return score(list(samples), list(prompts), mode=mode, extra_penalty=extra_penalty)
 
     return FunctionReward(

@@ -3,8 +3,8 @@
 import pytest
 
 from mmgrpo.errors import UserError
+from mmgrpo_shapes.scenes import list_prompts
 from pipelines.flow.build import read_prompts
-from pipelines.shapes.scenes import list_prompts
 
 
 def test_shapes_prompts_follow_the_split_and_category():

@@ -2,9 +2,9 @@
 
 Layers, lowest first; a module may import its own layer and the ones below, never one above:
   0 core      mmgrpo/                                 maths, engine, contracts
-  1 rewards   rewards/  and the ShapesWorld world     pipelines/shapes/ (scenes, verifier, VQA, video)
+  1 rewards   rewards/  and the ShapesWorld world     mmgrpo_shapes/ (scenes, verifier, VQA, video)
   2 pipelines pipelines/                              flow, vlm, video, toy
-  3 programs  pretraining scripts, compare, demos, SFT, tools/
+  3 programs  mmgrpo_shapes/programs/ (pretraining, probes, reports), compare, demos, SFT, tools/
   4 bench     bench/
 Every import counts: module-level, function-local, under `if`, and `importlib.import_module("literal")`; the layer
 check also counts a string that is exactly a dotted first-party module name (a table of modules to run). Tests are
@@ -22,19 +22,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("mmgrpo", "rewards", "pipelines", "bench", "tools")
+PACKAGES = ("mmgrpo", "mmgrpo_shapes", "rewards", "pipelines", "bench", "tools")
 MAX_FILE_LINES, MAX_FUNCTION_LINES, MAX_LOOP_LINES = 450, 60, 150
 LOOP = "mmgrpo/trainer.py::train"  # the training loop, allowed MAX_LOOP_LINES
 CORE, REWARDS, PIPELINES, PROGRAMS, BENCH = range(5)
 LAYER_NAMES = ("core", "rewards/world", "pipelines", "programs", "bench")
-PROGRAMS_MODULES = (
+WORLD, WORLD_PROGRAMS = "mmgrpo_shapes", "mmgrpo_shapes.programs"  # ShapesWorld: layer 1, its programs layer 3
+PROGRAMS_MODULES = (  # programs that still live inside pipelines/
     "pipelines.flow.compare",
-    "pipelines.shapes.pretrain_t2i",
-    "pipelines.shapes.pretrain_vlm",
-    "pipelines.shapes.pretrain_video",
-    "pipelines.shapes.video_probe",
-    "pipelines.shapes.vlm_probe",
-    "pipelines.shapes.vqa_report",
     "pipelines.video.demo",
     "pipelines.vlm.sft",
 )
@@ -48,11 +43,7 @@ ALLOWED_CYCLE_EDGES: dict[tuple[str, str], str] = {
 
 # (importer, imported) -> why the lower layer still names a higher one, and what removes it.
 _CONTRACT = "the Reward contract and registry live in rewards/; issue 17 (contract into the core) removes it"
-_CLI = "the CLI names the pretraining scripts; issue 17 (ShapesWorld package, commands via entry points) removes it"
 ALLOWED_UPWARD_EDGES: dict[tuple[str, str], str] = {
-    ("mmgrpo.cli", "pipelines.shapes.pretrain_t2i"): _CLI,
-    ("mmgrpo.cli", "pipelines.shapes.pretrain_vlm"): _CLI,
-    ("mmgrpo.cli", "pipelines.shapes.pretrain_video"): _CLI,
     ("mmgrpo.cli", "rewards"): _CONTRACT,
     ("mmgrpo.setup", "rewards"): _CONTRACT,
     ("mmgrpo.validate", "rewards"): _CONTRACT,
@@ -64,10 +55,10 @@ ALLOWED_LARGE: dict[str, tuple[int, str]] = {
     "bench/flow.py::main": (73, _SPLIT),
     "bench/flow.py::tree_section": (66, _SPLIT),
     "mmgrpo/losses.py::policy_loss": (73, _SPLIT),
+    "mmgrpo_shapes/programs/pretrain_t2i.py": (455, _SPLIT),
+    "mmgrpo_shapes/programs/pretrain_t2i.py::pretrain": (72, _SPLIT),
     "pipelines/flow/objectives.py::nft_loss": (62, "issue 17 (DiffusionNFT into its own module)"),
     "pipelines/flow/sde.py::step": (74, _SPLIT),
-    "pipelines/shapes/pretrain_t2i.py": (455, "issue 17 (ShapesWorld into its own package)"),
-    "pipelines/shapes/pretrain_t2i.py::pretrain": (72, _SPLIT),
     "pipelines/video/policy.py::VideoPolicy.rollout": (67, _SPLIT),
 }
 
@@ -151,7 +142,9 @@ def layer(module: str) -> int:
     top = module.split(".")[0]
     if top == "mmgrpo":
         return CORE
-    if top == "rewards" or module.startswith("pipelines.shapes") and module not in PROGRAMS_MODULES:
+    if module == WORLD_PROGRAMS or module.startswith(WORLD_PROGRAMS + "."):
+        return PROGRAMS
+    if top in ("rewards", WORLD):
         return REWARDS
     if module in PROGRAMS_MODULES or top == "tools":
         return PROGRAMS
@@ -414,3 +407,13 @@ def test_an_oversized_function_or_file_fails(tmp_path):
     assert size_problems({"big.py": 451, LOOP: 150}, {}) == [
         ("file big.py has 451 lines, over the 450-line limit; split it by responsibility")
     ]
+
+
+def test_the_world_is_layer_1_and_its_programs_layer_3():
+    assert layer("mmgrpo_shapes") == layer("mmgrpo_shapes.verifier") == layer("rewards.shapes") == REWARDS
+    assert layer("mmgrpo_shapes.programs") == layer("mmgrpo_shapes.programs.pretrain_vlm") == PROGRAMS
+    assert layer("mmgrpo.cli") == CORE  # a prefix of the name is not the package
+    fake = {("mmgrpo_shapes.vqa", "mmgrpo_shapes.programs.pretrain_vlm"): "mmgrpo_shapes/vqa.py:1"}
+    assert upward_problems(fake, {})[0].startswith(
+        "upward import: mmgrpo_shapes.vqa (rewards/world) imports mmgrpo_shapes.programs.pretrain_vlm (programs)"
+    )

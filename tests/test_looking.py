@@ -70,7 +70,7 @@ def test_background_is_the_border_median():
 
 def test_blank_video_keeps_frames_fps_and_size(tmp_path):
     pytest.importorskip("av")
-    from pipelines.shapes.video import write_mp4
+    from mmgrpo_shapes.video import write_mp4
     from pipelines.video.io import read_frames, video_info
 
     clip = np.full((6, 16, 16, 3), 242, dtype=np.uint8)  # [T, H, W, 3]

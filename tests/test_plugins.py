@@ -188,4 +188,5 @@ def test_cli_sub_commands_come_from_entry_points(plugin, tmp_path, capsys):
         f"reinstall the package that declares it (`pip install -e .` in a checkout), or uninstall it\n"
     )
     assert declared_plugins(group="mmgrpo.commands")["rewards"] == "rewards.cli:add_subcommands"
+    assert declared_plugins(group="mmgrpo.commands")["shapes"] == "mmgrpo_shapes.programs.cli:add_subcommands"
     sys.modules.pop(f"{plugin}_cmd", None)

@@ -416,7 +416,7 @@ def test_missing_model_offline_is_one_line(tiny, name, kwargs, model_id, kwarg, 
 
 
 def test_shapes_geneval_wrapper():
-    verifier = pytest.importorskip("pipelines.shapes.verifier")
+    verifier = pytest.importorskip("mmgrpo_shapes.verifier")
     img = np.zeros((64, 64, 3), np.uint8)
     r = rewards.load("shapes_geneval", mode="strict")
     got = r([img], ["a red circle"])

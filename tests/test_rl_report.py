@@ -1,10 +1,10 @@
-"""pipelines/shapes/rl_report.py: the seeds' RL table from `mmgrpo eval` JSON (issue 14, item 4)."""
+"""mmgrpo_shapes/programs/rl_report.py: the seeds' RL table from `mmgrpo eval` JSON (issue 14, item 4)."""
 
 import json
 
 import pytest
 
-from pipelines.shapes import rl_report
+from mmgrpo_shapes.programs import rl_report
 
 
 def _write(run, label, real, blank):

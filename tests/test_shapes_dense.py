@@ -1,11 +1,11 @@
-"""Tests for the dense vision targets of the ShapesWorld VLM (pipelines/shapes/dense.py)."""
+"""Tests for the dense vision targets of the ShapesWorld VLM (mmgrpo_shapes/dense.py)."""
 
 import numpy as np
 import pytest
 import torch
 
-from pipelines.shapes.dense import COLOR_CLASSES, SHAPE_CLASSES, DenseHead, batch_targets, cell_targets
-from pipelines.shapes.scenes import Scene, SceneObject
+from mmgrpo_shapes.dense import COLOR_CLASSES, SHAPE_CLASSES, DenseHead, batch_targets, cell_targets
+from mmgrpo_shapes.scenes import Scene, SceneObject
 
 
 def test_cell_targets_by_hand():
@@ -60,7 +60,7 @@ def test_head_position_loss_by_hand():
 def test_merged_token_order_is_row_major_cells():
     # the targets assume merged token k covers cell (k // 4, k % 4): check it on the processor's real patch order
     # with one red square in cell (row 0, col 3) of a 32 px image (pixels 24-31 across, 0-7 down)
-    from pipelines.shapes.pretrain_vlm import build_model
+    from mmgrpo_shapes.programs.pretrain_vlm import build_model
 
     _, processor = build_model("vqa", hidden=32, layers=1, vision_dim=32, vision_depth=1)
     img = Scene((SceneObject("square", "red", 0.875, 0.125, 0.1),), None, 32).render()

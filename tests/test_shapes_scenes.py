@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipelines.shapes.scenes import (
+from mmgrpo_shapes.scenes import (
     BACKGROUND,
     CATEGORIES,
     COLORS,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.shapes import scenes
-from pipelines.shapes.pretrain_t2i import (
+from mmgrpo_shapes import scenes
+from mmgrpo_shapes.programs.pretrain_t2i import (
     MODEL_FILE,
     ShapesT2I,
     build_models,
@@ -25,7 +25,7 @@ from pipelines.shapes.pretrain_t2i import (
     sample_sigmas,
     save_model,
 )
-from pipelines.shapes.verifier import score
+from mmgrpo_shapes.verifier import score
 
 ASSET = Path(__file__).resolve().parents[1] / "assets" / "shapes-t2i"
 
@@ -157,7 +157,7 @@ def test_save_load_roundtrip(tmp_path):
 @pytest.fixture(scope="module")
 def shipped():
     if not (ASSET / MODEL_FILE).is_file():
-        pytest.fail(f"{ASSET} is missing; run python -m pipelines.shapes.pretrain_t2i --out assets/shapes-t2i")
+        pytest.fail(f"{ASSET} is missing; run python -m mmgrpo_shapes.programs.pretrain_t2i --out assets/shapes-t2i")
     return load(ASSET)
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from PIL import Image
 
-from pipelines.shapes.scenes import CATEGORIES, COLORS, Scene, SceneObject, ground_truth_scenes, list_prompts
-from pipelines.shapes.verifier import category_report, connected_components, detect, score, verify
+from mmgrpo_shapes.scenes import CATEGORIES, COLORS, Scene, SceneObject, ground_truth_scenes, list_prompts
+from mmgrpo_shapes.verifier import category_report, connected_components, detect, score, verify
 
 
 def _gt_items(resolution=32, per_category=50):
@@ -206,7 +206,7 @@ def test_float_inputs_are_read_as_unit_range():
     assert score([as_float], ["a cyan triangle"])[0] == 1.0
     # a dark float image stays dark: [0, 1] is never re-guessed from the values
     dark = torch.full((3, 8, 8), 0.5 / 255)
-    from pipelines.shapes.verifier import to_uint8
+    from mmgrpo_shapes.verifier import to_uint8
 
     assert to_uint8(dark).max() <= 1
     with pytest.raises(ValueError, match="dtype"):

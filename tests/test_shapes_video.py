@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.shapes.verifier import detect
-from pipelines.shapes.video import (
+from mmgrpo_shapes.verifier import detect
+from mmgrpo_shapes.video import (
     LEAD_GROUPS,
     MOVE_GROUPS,
     PATCH_FRAMES,
@@ -94,7 +94,7 @@ def test_sample_clip_is_deterministic_and_valid():
 
 def _grounding_spans(seed: int, n: int) -> list[tuple[str, tuple[float, float]]]:
     """(query template with colour and shape masked, [start, end]) for every grounding query of n clips."""
-    from pipelines.shapes.pretrain_vlm import _template
+    from mmgrpo_shapes.programs.pretrain_vlm import _template
 
     rng = np.random.default_rng(seed)
     return [(_template(q), tuple(a)) for _ in range(n) for q, a in clip_questions(sample_clip(rng))["grounding"]]

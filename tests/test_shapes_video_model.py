@@ -1,4 +1,4 @@
-"""The shipped ShapesWorld video model (assets/shapes-video) and its pretraining (pipelines/shapes/pretrain_video.py):
+"""The shipped ShapesWorld video model (assets/shapes-video) and its pretraining (mmgrpo_shapes/programs/pretrain_video.py):
 the dense per-group targets and the vectorised IoU by hand, pretraining inputs identical to the rollouts' `encode`,
 and the check that fails when frames stop reaching the model: a fixed test sample scored through the RL policy's own
 rollout (prefix sharing and the vision-feature cache on) with real and with blank frames."""
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipelines.shapes import pretrain_video as PV
-from pipelines.shapes.video import Clip, Track, make_video_set
+from mmgrpo_shapes.programs import pretrain_video as PV
+from mmgrpo_shapes.video import Clip, Track, make_video_set
 
 ROOT = Path(__file__).resolve().parents[1]
 VIDEO = ROOT / "assets" / "shapes-video"
@@ -105,7 +105,7 @@ def test_targets_fit_the_recipes_and_get_full_marks():
 def test_pretraining_inputs_are_the_policy_encode(tmp_path):
     from transformers import AutoProcessor
 
-    from pipelines.shapes.video_probe import frame_encoder, set_records
+    from mmgrpo_shapes.programs.video_probe import frame_encoder, set_records
 
     make_video_set("train", 2, tmp_path, num_frames=32, all_questions=True)
     recs = set_records(tmp_path, "train")
@@ -156,7 +156,7 @@ def _scores(policy, recs: list[dict]) -> np.ndarray:
 def test_frames_reach_the_model_through_the_rollout_policy(policy):
     """Real frames score far above blank ones on a fixed test sample, through `VideoPolicy.rollout` (the code GRPO
     samples with: prefix-shared log-probs, cached vision features). Fails when pixels stop reaching the model."""
-    from pipelines.shapes.video_probe import blank_video, pipeline_records
+    from mmgrpo_shapes.programs.video_probe import blank_video, pipeline_records
 
     recs = pipeline_records("test", N_SAMPLE, types=("grounding",), num_frames=PV.NUM_FRAMES) + pipeline_records(
         "test", N_SAMPLE, types=PV.QA_TYPES, num_frames=PV.NUM_FRAMES

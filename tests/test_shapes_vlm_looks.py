@@ -10,9 +10,9 @@ import pytest
 import torch
 from torch import Tensor
 
-from pipelines.shapes.pretrain_vlm import target_text
-from pipelines.shapes.scenes import BACKGROUND
-from pipelines.shapes.vqa import TEMPLATE_ANSWERS, question_template
+from mmgrpo_shapes.programs.pretrain_vlm import target_text
+from mmgrpo_shapes.scenes import BACKGROUND
+from mmgrpo_shapes.vqa import TEMPLATE_ANSWERS, question_template
 
 ROOT = Path(__file__).resolve().parents[1]
 VLM = ROOT / "assets" / "shapes-vlm"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipelines.shapes import pretrain_vlm as P
-from pipelines.shapes.vqa import QUESTION_TYPES
+from mmgrpo_shapes.programs import pretrain_vlm as P
+from mmgrpo_shapes.vqa import QUESTION_TYPES
 
 ROOT = Path(__file__).resolve().parents[1]
 VLM, VIDEO = ROOT / "assets" / "shapes-vlm", ROOT / "assets" / "shapes-video"
@@ -117,7 +117,9 @@ def _load(path):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     if not (path / "model.safetensors").is_file():
-        pytest.fail(f"{path} is missing; train it with python -m pipelines.shapes.pretrain_vlm (see assets/README.md)")
+        pytest.fail(
+            f"{path} is missing; train it with python -m mmgrpo_shapes.programs.pretrain_vlm (see assets/README.md)"
+        )
     return AutoProcessor.from_pretrained(path), AutoModelForImageTextToText.from_pretrained(path)
 
 
@@ -169,13 +171,14 @@ def test_vlm_accuracy_band_on_fixed_test_sample():
 
 
 # the shipped video model's scores on fixed test samples (real vs blank frames, through the rollout policy) are
-# checked in tests/test_shapes_video_model.py; it is trained by pipelines/shapes/pretrain_video.py
+# checked in tests/test_shapes_video_model.py; it is trained by mmgrpo_shapes/programs/pretrain_video.py
 
 
 def test_cli_pretrain_names_its_choices_and_dispatches_to_a_main(capsys):
     import importlib
 
-    from mmgrpo.cli import PRETRAIN, main
+    from mmgrpo.cli import main
+    from mmgrpo_shapes.programs.cli import PRETRAIN
 
     assert main(["pretrain", "shapes-gan"]) == 2
     err = capsys.readouterr().err

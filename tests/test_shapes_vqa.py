@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipelines.shapes.scenes import SHAPES, Scene, SceneObject, list_prompts
-from pipelines.shapes.verifier import detect
-from pipelines.shapes.vqa import (
+from mmgrpo_shapes.scenes import SHAPES, Scene, SceneObject, list_prompts
+from mmgrpo_shapes.verifier import detect
+from mmgrpo_shapes.vqa import (
     QUESTION_TYPES,
     TEMPLATE_ANSWERS,
     check_answer,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from mmgrpo.errors import UserError
-from pipelines.shapes.video import write_mp4
+from mmgrpo_shapes.video import write_mp4
 from pipelines.video import io
 
 
@@ -160,7 +160,7 @@ def test_cache_is_invalidated_when_the_file_changes(tmp_path):
     assert abs(float(old[..., 0].mean()) - 100) < 4  # red = 20 * 5
     frames = np.full((6, 32, 64, 3), 128, np.uint8)
     frames[..., 0] = 10  # same size and length, other content
-    from pipelines.shapes.video import write_mp4
+    from mmgrpo_shapes.video import write_mp4
 
     write_mp4(path, frames, 4)
     st = os.stat(path)

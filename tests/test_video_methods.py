@@ -161,7 +161,7 @@ def test_ground_truth_text_parses_back_to_the_span():
 
 
 def test_default_span_template_is_the_prompt_and_sft_format():
-    from pipelines.shapes.pretrain_vlm import GROUNDING_TEMPLATE
+    from mmgrpo_shapes.programs.pretrain_vlm import GROUNDING_TEMPLATE
     from pipelines.video.data import TASK_HINTS
 
     assert vm.SPAN_TEMPLATE == GROUNDING_TEMPLATE  # the VLM grounding model's SFT format

@@ -11,7 +11,7 @@ import torch
 
 import pipelines.video  # noqa: F401  registers "video"
 from mmgrpo.errors import UserError
-from pipelines.shapes.video import write_mp4
+from mmgrpo_shapes.video import write_mp4
 from pipelines.video.build import build_video
 from pipelines.video.data import jsonl_records
 

@@ -283,7 +283,7 @@ def test_gpu_recipe_two_steps_on_charades_style_jsonl(cache, tmp_path):
     file) of real mp4 clips, a bad video skipped (skip_bad_videos: true), TempSamp as configured, two steps."""
     import numpy as np
 
-    from pipelines.shapes.video import write_mp4
+    from mmgrpo_shapes.video import write_mp4
 
     (tmp_path / "videos").mkdir()
     rng = np.random.default_rng(0)
@@ -315,7 +315,7 @@ def test_video_r1_recipe_two_steps_on_video_r1_json(cache, tmp_path):
     Qwen2.5-VL with the recipe's 2 fps sampling and pixel bounds."""
     import numpy as np
 
-    from pipelines.shapes.video import write_mp4
+    from mmgrpo_shapes.video import write_mp4
     from pipelines.video.video_r1 import convert
     from pipelines.video.video_r1 import main as convert_main
 

@@ -245,7 +245,7 @@ def test_video_prompt_tokens_match_the_processor(tmp_path, kind):
     # the count from the video header equals the length of what VideoPolicy.encode really feeds the model
     from types import SimpleNamespace
 
-    from pipelines.shapes.video import make_video_set
+    from mmgrpo_shapes.video import make_video_set
     from pipelines.video.data import video_prompt_tokens
     from pipelines.video.policy import FrameSettings, VideoPolicy
     from pipelines.vlm.tiny import _processor, qwen_tokenizer

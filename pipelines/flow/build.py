@@ -23,7 +23,7 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 
 def shapes_prompts(spec: str) -> list[dict[str, Any]]:
     """ShapesWorld prompts "shapes:<split>[:<category>,...]" as records with their GenEval-style category."""
-    from pipelines.shapes.scenes import CATEGORIES, SPLITS, list_prompts
+    from mmgrpo_shapes.scenes import CATEGORIES, SPLITS, list_prompts
 
     parts = spec.split(":")
     split = parts[1] if len(parts) > 1 else "train"

@@ -131,7 +131,7 @@ def jsonl_records(path: str | os.PathLike, *, limit: int | None = None, skip_bad
 def shapes_video_dir(split: str, n: int, *, seed: int, types: tuple[str, ...], num_frames: int, fps: int,
                      resolution: int, cache_dir: str | os.PathLike | None) -> Path:
     """ShapesWorld clips of `split` written once under the cache (keyed by every generation setting) and reused."""
-    from pipelines.shapes.video import SET_VERSION, make_video_set
+    from mmgrpo_shapes.video import SET_VERSION, make_video_set
 
     root = Path(cache_dir or os.environ.get("MMGRPO_CACHE") or Path.home() / ".cache" / "mmgrpo")
     key = f"shapes_video-v{SET_VERSION}-{split}-n{n}-s{seed}-{'+'.join(types)}-f{num_frames}-fps{fps}-r{resolution}"

@@ -10,7 +10,7 @@ import numpy as np
 
 SPAN_TEMPLATE = "<think>Find the event.</think><answer>{start:.2f} to {end:.2f}</answer>"
 """the format the grounding prompt asks for (a short think, then `<answer>start to end</answer>`), 31 byte-level
-tokens. The shipped assets/shapes-video now thinks in a time line (pipelines/shapes/pretrain_video.py `time_line`), so
+tokens. The shipped assets/shapes-video now thinks in a time line (mmgrpo_shapes/programs/pretrain_video.py `time_line`), so
 with it an injected answer is off-distribution in its think (the answer part matches); pass gt_span_template to
 change it."""
 ANSWER_TEMPLATE = "<think>Find the answer.</think><answer>{answer}</answer>"

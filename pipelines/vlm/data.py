@@ -31,7 +31,7 @@ def shapes_vqa_records(
     split: str, n: int, *, seed: int = 0, resolution: int = 32, question_types: list[str] | None = None
 ) -> list[dict[str, Any]]:
     """`n` ShapesWorld VQA records of `split` ("train" | "val" | "test"), images as uint8 [H, W, 3] arrays."""
-    from pipelines.shapes.vqa import QUESTION_TYPES, make_vqa
+    from mmgrpo_shapes.vqa import QUESTION_TYPES, make_vqa
 
     types = tuple(question_types) if question_types else QUESTION_TYPES
     rows = make_vqa(split, n, seed=seed, resolution=resolution, types=types)

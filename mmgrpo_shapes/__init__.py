@@ -1,9 +1,12 @@
 """ShapesWorld: an offline world with verifiable rewards (GenEval-style T2I prompts, VQA, temporal grounding).
 
-Scenes and prompts live in `scenes`, the detector and rewards in `verifier`, questions in `vqa`, clips in `video`.
+Scenes and prompts live in `scenes`, the detector and rewards in `verifier`, questions in `vqa`, clips in `video`,
+the video model's think targets in `video_think`, the dense vision targets in `dense`. The world sits on the core
+beside `rewards/` and never imports a pipeline or a program; the programs that train and probe the shipped models
+on it are in `mmgrpo_shapes.programs`.
 """
 
-from pipelines.shapes.scenes import (
+from mmgrpo_shapes.scenes import (
     CATEGORIES,
     COLORS,
     SHAPES,
@@ -20,7 +23,7 @@ from pipelines.shapes.scenes import (
     render,
     split_of,
 )
-from pipelines.shapes.verifier import category_report, detect, score, verify
+from mmgrpo_shapes.verifier import category_report, detect, score, verify
 
 __all__ = [
     "CATEGORIES",

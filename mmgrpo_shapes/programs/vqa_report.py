@@ -1,18 +1,18 @@
 """The tables of assets/README.md's shapes-vlm section: every image-blind VQA predictor per split and question type
 next to chance, and a model's greedy test accuracy with real, blank and shuffled images next to those baselines.
 
-Run: python -m pipelines.shapes.vqa_report --model assets/shapes-vlm --n 300
+Run: python -m mmgrpo_shapes.programs.vqa_report --model assets/shapes-vlm --n 300
 """
 
 import argparse
 
-from pipelines.shapes.pretrain_vlm import _template, blind_baseline, evaluate, records
+from mmgrpo_shapes.programs.pretrain_vlm import _template, blind_baseline, evaluate, records
 
 
 def vqa_chance(split: str = "test", n: int = 300) -> dict[str, float]:
     """Per question type (and "all"), the mean over records of 1 / (number of answers of the record's template):
     the accuracy of guessing uniformly, which balanced data makes the best any image-blind predictor can expect."""
-    from pipelines.shapes.vqa import TEMPLATE_ANSWERS
+    from mmgrpo_shapes.vqa import TEMPLATE_ANSWERS
 
     recs = records("vqa", split, n, seed=0)
     inv = [1 / len(TEMPLATE_ANSWERS[r["category"]][_template(r["prompt"])]) for r in recs]

@@ -7,12 +7,12 @@ and blank frames and its answers did not change at all (assets/README.md). Here 
 tokens of each temporal group (2 frames) predicts, for every colour, whether an object of that colour is absent,
 still, or moving left / right / up / down there; the head is dropped at save time (the shipped folder is a plain
 Qwen2-VL). Clips are fully sampled (32 of 32 frames = 16 temporal groups of 0.5 s), and the data's events sit on
-frame pairs (pipelines/shapes/video.py), so each group is wholly inside or outside an event.
+frame pairs (mmgrpo_shapes/video.py), so each group is wholly inside or outside an event.
 
 Prompts are built by the video policy's own `encode` (the rollouts' inputs); the training pool is written once with
 every question of each clip (`make_video_set(all_questions=True)`) and each clip's pixels are encoded once.
 
-Run: OMP_NUM_THREADS=1 python -m pipelines.shapes.pretrain_video --out assets/shapes-video --minutes 60
+Run: OMP_NUM_THREADS=1 python -m mmgrpo_shapes.programs.pretrain_video --out assets/shapes-video --minutes 60
 """
 
 import argparse
@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipelines.shapes.scenes import BACKGROUND, COLORS
-from pipelines.shapes.video import DIRECTIONS, VIDEO_TYPES, make_video_set
-from pipelines.shapes.video_probe import frame_encoder, lifetimes, pipeline_records, set_records
-from pipelines.shapes.video_think import GROUP_SECONDS, MOVE_MARKS, THINK, qa_line, target_text, time_line  # noqa: F401
+from mmgrpo_shapes.programs.video_probe import frame_encoder, lifetimes, pipeline_records, set_records
+from mmgrpo_shapes.scenes import BACKGROUND, COLORS
+from mmgrpo_shapes.video import DIRECTIONS, VIDEO_TYPES, make_video_set
+from mmgrpo_shapes.video_think import GROUP_SECONDS, MOVE_MARKS, THINK, qa_line, target_text, time_line  # noqa: F401
 
 NUM_FRAMES = 32
 """frames per clip and frames sampled (configs/video: shapes_frames = num_frames = 32)"""
@@ -55,7 +55,7 @@ output within ~1% of its blank-frame value: assets/README.md)"""
 
 def pool_dir(split: str, n: int, *, seed: int = 0) -> Path:
     """A training pool: `n` clips of `split` with every question of every type, written once under the cache."""
-    from pipelines.shapes.video import SET_VERSION
+    from mmgrpo_shapes.video import SET_VERSION
 
     root = Path(os.environ.get("MMGRPO_CACHE") or Path.home() / ".cache" / "mmgrpo")
     out = root / f"shapes_video_pool-v{SET_VERSION}-{split}-n{n}-s{seed}-f{NUM_FRAMES}"
@@ -139,7 +139,7 @@ class DenseHead(nn.Module):
 
 def losses(model: nn.Module, head: DenseHead, batch: list[dict[str, Tensor]], pad_id: int) -> tuple[Tensor, Tensor]:
     """(SFT token-mean cross-entropy of the completions, dense per-group state cross-entropy) of one batch."""
-    from pipelines.shapes.pretrain_vlm import collate, sft_loss
+    from mmgrpo_shapes.programs.pretrain_vlm import collate, sft_loss
 
     grabbed = []
     hook = model.model.visual.register_forward_hook(lambda m, i, out: grabbed.append(out.pooler_output))
@@ -160,7 +160,7 @@ def losses(model: nn.Module, head: DenseHead, batch: list[dict[str, Tensor]], pa
 def build(args):
     """The model and processor: pretrain_vlm's architecture, frames normalised around the background (PIXEL_STD), and
     with --init-lm every weight outside the vision tower copied from a saved Qwen2-VL of that architecture."""
-    from pipelines.shapes.pretrain_vlm import build_model
+    from mmgrpo_shapes.programs.pretrain_vlm import build_model
 
     model, processor = build_model("grounding", hidden=args.hidden, layers=args.layers, vision_dim=args.vision_dim,
                                    vision_depth=args.vision_depth, pixels=PIXELS, seed=args.seed)
@@ -201,8 +201,8 @@ def score(texts: list[str], recs: list[dict[str, Any]]) -> dict[str, dict[str, f
 def evaluate(model: nn.Module, processor, recs: list[dict[str, Any]], *, condition: str = "real",
              blank: str | None = None) -> dict[str, dict[str, float]]:
     """Greedy per-type scores on `recs` with real, blank, other-clip or shuffled frames (video_probe.CONDITIONS)."""
-    from pipelines.shapes.pretrain_vlm import predict
-    from pipelines.shapes.video_probe import condition_records
+    from mmgrpo_shapes.programs.pretrain_vlm import predict
+    from mmgrpo_shapes.programs.video_probe import condition_records
 
     encode = frame_encoder(processor, NUM_FRAMES, shuffle=condition == "shuffled")
     texts = predict(model, encode, processor.tokenizer, condition_records(recs, condition, blank=blank),
@@ -227,7 +227,7 @@ def blind_baselines(train: list[dict[str, Any]], recs: list[dict[str, Any]]) -> 
     template (colour and shape words masked) and per type."""
     from collections import Counter, defaultdict
 
-    from pipelines.shapes.pretrain_vlm import _template
+    from mmgrpo_shapes.programs.pretrain_vlm import _template
 
     def template(r):
         return _template(r["question"]) if r["type"] != "grounding" else ("move" if "move" in r["question"] else
@@ -358,7 +358,7 @@ def test_report(path: str | Path | None, n: int, pool: int, *, split: str = "tes
                 conditions: tuple[str, ...] = ("real", "blank", "other", "shuffled")) -> dict[str, Any]:
     """Scores of a saved model on `n` clips per task of `split` under each frame condition (None: only the blind
     baselines), and the blind baselines fitted on the training pool."""
-    from pipelines.shapes.video_probe import blank_video
+    from mmgrpo_shapes.programs.video_probe import blank_video
 
     recs = (pipeline_records(split, n, types=("grounding",), num_frames=NUM_FRAMES)
             + pipeline_records(split, n, types=QA_TYPES, num_frames=NUM_FRAMES))

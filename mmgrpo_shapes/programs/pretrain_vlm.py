@@ -5,7 +5,7 @@ Prompts are built by the RL policies' own `encode` (pipelines/vlm/policy.py, pip
 default instruction, so the model is trained on exactly the inputs GRPO rollouts later give it. Loss: token-mean
 cross-entropy on the completion (+ <|im_end|>) only; the shipped weights are the EMA with the best validation score.
 
-Run: nice -n 10 python -m pipelines.shapes.pretrain_vlm --task vqa --out assets/shapes-vlm --minutes 45
+Run: nice -n 10 python -m mmgrpo_shapes.programs.pretrain_vlm --task vqa --out assets/shapes-vlm --minutes 45
 """
 
 import argparse
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipelines.shapes.dense import TowerTap, log_losses, optimizer, stage_one
+from mmgrpo_shapes.dense import TowerTap, log_losses, optimizer, stage_one
 
 THINK = {
     "count": "Count them.",
@@ -106,7 +106,7 @@ def records(task: str, split: str, n: int, *, seed: int, resolution: int = 32) -
     """`n` records of `split` exactly as the pipelines build them (VQA rendered at `resolution` px; grounding clips
     cached as mp4)."""
     if task == "vqa":  # the fields of pipelines.vlm.data.shapes_vqa_records, plus the objects for dense targets
-        from pipelines.shapes.vqa import make_vqa
+        from mmgrpo_shapes.vqa import make_vqa
 
         return [{"prompt": r["question"], "image": r["image"], "answers": r["answer"], "category": r["type"],
                  "id": r["id"], "objects": r["objects"]} for r in make_vqa(split, n, seed=seed, resolution=resolution)]
@@ -204,7 +204,7 @@ def evaluate(path_or_model, task: str, split: str = "test", n: int = 200, *, see
         model = AutoModelForImageTextToText.from_pretrained(path_or_model)
     else:
         model = path_or_model
-    from pipelines.shapes.vqa import swap_images
+    from mmgrpo_shapes.vqa import swap_images
 
     recs = records(task, split, n, seed=seed)
     texts = predict(model, encoder(task, processor), processor.tokenizer, swap_images(recs, images),
@@ -214,7 +214,7 @@ def evaluate(path_or_model, task: str, split: str = "test", n: int = 200, *, see
 
 def _template(question: str) -> str:
     """The question with colour and shape words masked: what a model that ignores the pixels can condition on."""
-    from pipelines.shapes.vqa import question_template
+    from mmgrpo_shapes.vqa import question_template
 
     return question_template(question)
 
@@ -313,7 +313,7 @@ def sft_step(args, model: nn.Module, ema: nn.Module, opt, head, tap, encode, tok
     loss = sft_loss(model, inputs, labels)
     dense_log = None
     if head is not None:
-        from pipelines.shapes.dense import batch_targets
+        from mmgrpo_shapes.dense import batch_targets
 
         color, shape = batch_targets([r["objects"] for r in recs], tap.tokens.shape[0] // len(recs))
         dense, acc = head.loss(tap.tokens, color, shape)
@@ -403,7 +403,7 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--dense-position", action="store_true",
                    help="vqa with --dense-weight: the dense head also reads each token's row and column (dense.py)")
     p.add_argument("--dense-weight", type=float, default=0.0,
-                   help="vqa: weight of the per-token colour/shape loss on the tower's tokens (pipelines/shapes/dense.py)")
+                   help="vqa: weight of the per-token colour/shape loss on the tower's tokens (mmgrpo_shapes/dense.py)")
     p.add_argument("--tower-steps", type=int, default=0,
                    help="vqa with --dense-weight: steps of stage 1, the vision tower alone on the dense targets")
     p.add_argument("--tower-batch", type=int, default=64, help="images per stage-1 step")

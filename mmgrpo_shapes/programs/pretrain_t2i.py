@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipelines.shapes.scenes import (
+from mmgrpo_shapes.scenes import (
     CATEGORIES,
     COLORS,
     NUMBER_WORDS,
@@ -23,7 +23,7 @@ from pipelines.shapes.scenes import (
     list_prompts,
     split_of,
 )
-from pipelines.shapes.verifier import category_report
+from mmgrpo_shapes.verifier import category_report
 
 MODEL_FILE = "shapes_t2i.json"
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
@@ -210,7 +210,7 @@ def save_model(out_dir, model: ShapesT2I) -> None:
     index = {
         "_class_name": "ShapesT2IPipeline",
         "_note": "pixel space, no VAE: load each component with from_pretrained(dir, subfolder=...), see "
-        "pipelines/shapes/pretrain_t2i.py load()",
+        "mmgrpo_shapes/programs/pretrain_t2i.py load()",
         "transformer": ["diffusers", "SD3Transformer2DModel"],
         "text_encoder": ["transformers", "CLIPTextModelWithProjection"],
         "tokenizer": ["transformers", "PreTrainedTokenizerFast"],

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.shapes.scenes import (
+from mmgrpo_shapes.scenes import (
     COLORS,
     SHAPES,
     PromptSpec,

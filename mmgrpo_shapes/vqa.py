@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from pipelines.shapes.scenes import (
+from mmgrpo_shapes.scenes import (
     BACKGROUND,
     CATEGORIES,
     COLORS,

@@ -5,7 +5,7 @@ Each run directory holds `eval/base.json` (`mmgrpo eval <run>/config.yaml ckpt=n
 newest `eval/step_*.json` (`ckpt=latest`, the same overrides). Both are paired on the same records and sampling seed,
 so a gain is the RL update's effect, not the eval's sampling noise.
 
-Run: python -m pipelines.shapes.rl_report /tmp/vlmrl/s0 /tmp/vlmrl/s1 /tmp/vlmrl/s2 --metric accuracy
+Run: python -m mmgrpo_shapes.programs.rl_report /tmp/vlmrl/s0 /tmp/vlmrl/s1 /tmp/vlmrl/s2 --metric accuracy
 """
 
 import argparse

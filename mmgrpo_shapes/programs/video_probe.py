@@ -6,7 +6,7 @@ All inputs go through `VideoPolicy.encode` (the rollouts' prompt and frame path)
 for a clip of the same length with no objects, "other" for the next record's video, "shuffled" permutes the frames
 (T-GRPO's `shuffle_order`).
 
-Run: python -m pipelines.shapes.video_probe assets/shapes-video --frames 32 --n 200
+Run: python -m mmgrpo_shapes.programs.video_probe assets/shapes-video --frames 32 --n 200
 """
 
 import argparse
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from pipelines.shapes.scenes import COLORS
+from mmgrpo_shapes.scenes import COLORS
 
 CONDITIONS = ("real", "blank", "other", "shuffled")
 
@@ -39,7 +39,7 @@ def frame_encoder(processor, num_frames: int, *, shuffle: bool = False):
 
 def blank_video(num_frames: int, fps: int, resolution: int, out_dir: str | Path) -> str:
     """An mp4 of `num_frames` background-only frames (a clip with no objects), written once under `out_dir`."""
-    from pipelines.shapes.video import Clip, write_mp4
+    from mmgrpo_shapes.video import Clip, write_mp4
 
     path = Path(out_dir) / f"blank-f{num_frames}-fps{fps}-r{resolution}.mp4"
     if not path.is_file():
@@ -194,8 +194,8 @@ def diagnose(model: nn.Module, processor, recs: list[dict[str, Any]], *, num_fra
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from pipelines.shapes.pretrain_vlm import GROUNDING_TEMPLATE, predict
-    from pipelines.shapes.video import VIDEO_TYPES
+    from mmgrpo_shapes.programs.pretrain_vlm import GROUNDING_TEMPLATE, predict
+    from mmgrpo_shapes.video import VIDEO_TYPES
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipelines.shapes.scenes import COLORS, MARGIN, SHAPES, Scene, SceneObject, boxes_apart, render, stable_hash
+from mmgrpo_shapes.scenes import COLORS, MARGIN, SHAPES, Scene, SceneObject, boxes_apart, render, stable_hash
 
 DIRECTIONS = {"right": (1.0, 0.0), "left": (-1.0, 0.0), "down": (0.0, 1.0), "up": (0.0, -1.0)}
 VIDEO_TYPES = ("grounding", "direction", "order", "count")

@@ -1,4 +1,4 @@
-"""The SFT targets of the ShapesWorld video model (pipelines/shapes/pretrain_video.py): a think, then the answer.
+"""The SFT targets of the ShapesWorld video model (mmgrpo_shapes/programs/pretrain_video.py): a think, then the answer.
 
 Grounding, direction and order think in a time line, one mark per 0.5 s temporal group ("0.0-0.5+1.0+...8.0"): Qwen2-VL
 gives its language model no absolute time, only M-RoPE's relative positions, and a tiny model did not learn to turn

@@ -2,7 +2,7 @@
 object centred in each cell), the attention mass the answer position puts on the image tokens, the gradient norm
 the tower gets from one SFT batch, and the completion log-prob with real and blank images (assets/README.md).
 
-Run: python -m pipelines.shapes.vlm_probe assets/shapes-vlm
+Run: python -m mmgrpo_shapes.programs.vlm_probe assets/shapes-vlm
 """
 
 import sys
@@ -11,9 +11,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from pipelines.shapes import pretrain_vlm as P
-from pipelines.shapes.dense import cell_targets, tower_tokens
-from pipelines.shapes.scenes import BACKGROUND, SHAPES, random_scene
+from mmgrpo_shapes.dense import cell_targets, tower_tokens
+from mmgrpo_shapes.programs import pretrain_vlm as P
+from mmgrpo_shapes.scenes import BACKGROUND, SHAPES, random_scene
 
 
 def probe(x: Tensor, y: Tensor, n_fit: int) -> float:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from pipelines.shapes.scenes import COLORS, SHAPES
+from mmgrpo_shapes.scenes import COLORS, SHAPES
 
 COLOR_CLASSES = ("none",) + tuple(COLORS)
 SHAPE_CLASSES = ("none",) + SHAPES
