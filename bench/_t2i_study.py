@@ -116,10 +116,10 @@ def score(cfg, ckpt: Path | None, data: str, group_size: int) -> dict:
     task = build_task(cfg, torch.device("cpu"))
     task.policy.for_evaluation()
     if ckpt is not None:
-        data = checkpoint.load(ckpt, 0)
-        task.policy.load_state_dict(data["weights"])
+        saved = checkpoint.load(ckpt, 0)
+        task.policy.load_state_dict(saved["weights"])
         if cfg.optim.ema_decay > 0:  # an EMA arm is scored on its EMA weights, as `mmgrpo eval ema=true` does
-            task.module.load_state_dict(data["ema"], strict=False)
+            task.module.load_state_dict(saved["ema"], strict=False)
     records = shapes_prompts(data)
     rows: dict[str, dict[str, list[float]]] = {}
     for lo in range(0, len(records), 16):
