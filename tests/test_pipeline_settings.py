@@ -84,6 +84,7 @@ MISTAKES = [
     ),
     ("flow", "pipeline.kwargs.num_steps=ten", ["pipeline.kwargs.num_steps", "'ten'", "expected int"]),
     ("flow", "pipeline.kwargs.prompt_cache_items=-1", ["pipeline.kwargs.prompt_cache_items (-1)", ">= 0"]),
+    ("flow", "pipeline.kwargs.reduce=median", ["pipeline.kwargs.reduce ('median')", "mean", "sum"]),
     (
         "flow",
         "pipeline.kwargs.step_weights=guard",  # GRPO-Guard's weights with the recipe's algo.loss clipped

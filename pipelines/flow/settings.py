@@ -132,6 +132,9 @@ def check_flow_settings(s: FlowSettings) -> None:
     if sde not in sde_mod.STEPS or sde == "ode":
         raise UserError(f"pipeline.kwargs.sde ({sde!r}) must be a stochastic step: flow_grpo, dance or cps (flow "
                         f"models), ddim (epsilon-prediction UNets: SD 1.x, SDXL)")
+    if kw["reduce"] not in ("mean", "sum"):
+        raise UserError(f"pipeline.kwargs.reduce ({kw['reduce']!r}) must be mean (Flow-GRPO, DanceGRPO, DDPO: the mean "
+                        f"over latent elements) or sum (the whole latent's log-density)")
     _check_ddim(sde, kw["model_type"], objective, step_weights)
     _check_value_anchor(kw["value_anchor"], plan_kwargs or {}, objective)
     _check_trust(kw["anchor_every"], kw["trust_step"], kw["reference"], objective)
