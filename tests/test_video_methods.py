@@ -145,6 +145,9 @@ def test_temporal_contrast_reward_both_signals():
     close(per[:, 0], [0.3, 0.0, 0.15, 0.0])
     with pytest.raises(Exception, match="temporal"):
         rs(texts, group_size=2, spans=spans, category=cat)
+    # `mmgrpo eval` turns the shuffled pass off on purpose (VideoPolicy.for_evaluation): no bonus, no error
+    per, _ = rs(texts, group_size=2, spans=spans, category=cat, temporal_off=[True] * 4)
+    close(per[:, 0], [0.0] * 4)
 
 
 # ----------------------------------------------------------------------------- per-record helpers

@@ -74,6 +74,7 @@ class VideoPolicy(VLMPolicy):
         signals, not what a user measures."""
         self.m = dataclasses.replace(self.m, inject_ground_truth=False, temporal="none", augment=False)
         self.augment_reward = None
+        self.evaluating = True  # tells T-GRPO's reward that its shuffled-frame signal is off on purpose
 
     # ----- prompts
     def encode(self, record: dict[str, Any], *, seed: int = 0, shuffle_seed: int | None = None,
@@ -203,6 +204,8 @@ class VideoPolicy(VLMPolicy):
                    "video/frames_mean": sum(len(e["_timestamps"]) for e in encs) / len(encs)}
         if self.iteration is not None:
             extras["reward_fields"]["step"] = [self.iteration] * len(texts)
+        if getattr(self, "evaluating", False):
+            extras["reward_fields"]["temporal_off"] = [True] * len(texts)
         if m.temporal == "generate":
             extras["reward_fields"]["shuffled_samples"] = shuffled_texts
         if m.temporal == "logp_gap":

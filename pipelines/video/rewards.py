@@ -65,16 +65,20 @@ class TemporalContrast(Reward):
 
     def __init__(self, accuracy: Reward, *, mu: float, alpha: float, min_accuracy: float, gap_scale: float):
         self.accuracy, self.mu, self.alpha, self.min_accuracy, self.gap_scale = accuracy, mu, alpha, min_accuracy, gap_scale
-        self.fields = tuple(dict.fromkeys((*accuracy.fields, "shuffled_samples", "temporal_gap")))
+        self.fields = tuple(dict.fromkeys((*accuracy.fields, "shuffled_samples", "temporal_gap", "temporal_off")))
         self.preprocess = f"{accuracy.name} on ordered vs shuffled frames; bonus {alpha}"
 
     def _acc(self, samples: list, fields: dict[str, Any]) -> torch.Tensor:
         mine = {k: v for k, v in fields.items() if k in self.accuracy.fields}
         return self.accuracy(samples, **mine)
 
-    def score(self, samples, prompts, *, group_size, shuffled_samples=None, temporal_gap=None, **fields):
+    def score(self, samples, prompts, *, group_size, shuffled_samples=None, temporal_gap=None, temporal_off=None,
+              **fields):
         from pipelines.video.advantages import logp_gap_bonus, temporal_gate_bonus
 
+        if temporal_off and shuffled_samples is None and temporal_gap is None:
+            # `mmgrpo eval`: the policy turns the shuffled-frame pass off (a training signal); no bonus is earned
+            return torch.zeros(len(samples))
         acc = self._acc(samples, fields).view(-1, group_size)  # [B, G]
         if temporal_gap is not None:
             gap = torch.as_tensor(temporal_gap, dtype=torch.float32).view(-1, group_size)  # [B, G]
