@@ -76,6 +76,12 @@ class VideoPolicy(VLMPolicy):
         self.augment_reward = None
         self.evaluating = True  # tells T-GRPO's reward that its shuffled-frame signal is off on purpose
 
+    def _context_fields(self, n: int) -> dict[str, list]:
+        """Reward fields about the run, one per sample: the training step (annealed rewards), and under `mmgrpo eval`
+        that T-GRPO's shuffled-frame pass is off on purpose (temporal_contrast then scores 0)."""
+        out: dict[str, list] = {} if self.iteration is None else {"step": [self.iteration] * n}
+        return out | ({"temporal_off": [True] * n} if getattr(self, "evaluating", False) else {})
+
     # ----- prompts
     def encode(self, record: dict[str, Any], *, seed: int = 0, shuffle_seed: int | None = None,
                noise_seed: int | None = None) -> dict[str, Any]:
@@ -202,10 +208,7 @@ class VideoPolicy(VLMPolicy):
         metrics = {"rollout/length_mean": float(lengths.float().mean()),
                    "rollout/truncated_frac": float((lengths == self.s.max_new_tokens).float().mean()),
                    "video/frames_mean": sum(len(e["_timestamps"]) for e in encs) / len(encs)}
-        if self.iteration is not None:
-            extras["reward_fields"]["step"] = [self.iteration] * len(texts)
-        if getattr(self, "evaluating", False):
-            extras["reward_fields"]["temporal_off"] = [True] * len(texts)
+        extras["reward_fields"].update(self._context_fields(len(texts)))
         if m.temporal == "generate":
             extras["reward_fields"]["shuffled_samples"] = shuffled_texts
         if m.temporal == "logp_gap":
