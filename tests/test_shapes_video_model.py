@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from mmgrpo_shapes import video_think as VT
 from mmgrpo_shapes.programs import pretrain_video as PV
 from mmgrpo_shapes.video import Clip, Track, make_video_set
 
@@ -200,19 +201,19 @@ def test_qa_lines_mark_each_group_by_hand():
         "question": "In which direction does the red circle move?",
     }
     # circle: absent g0, g1; still g2, g3; up g4; still g5 (visible until frame 12 = group 6)
-    assert PV.qa_line(rec) == "0.0-0.5-1.0+1.5+2.0^2.5+3.0"
+    assert VT.qa_line(rec) == "0.0-0.5-1.0+1.5+2.0^2.5+3.0"
     rec |= {"type": "order", "question": "Which appears first, the red circle or the yellow triangle?"}
     # a = circle (named first), b = triangle: b alone in g0, g1, both after
-    assert PV.qa_line(rec) == "0.0b0.5b1.0=1.5=2.0=2.5=3.0"
+    assert VT.qa_line(rec) == "0.0b0.5b1.0=1.5=2.0=2.5=3.0"
     rec["question"] = "Which starts moving first, the yellow triangle or the red circle?"
     # moving: triangle g1, g2; circle g4
-    assert PV.qa_line(rec) == "0.0-0.5a1.0a1.5-2.0b2.5-3.0"
+    assert VT.qa_line(rec) == "0.0-0.5a1.0a1.5-2.0b2.5-3.0"
 
 
 def test_time_line_marks_the_span_by_group():
     # 0.5 s groups of a 3 s clip start at 0.0 ... 2.5; [1.0, 2.0] covers the groups starting at 1.0 and 1.5 (worked by
     # hand: 1.0 <= t < 2.0), and the line ends with the clip's end, 3.0, so the span's end is the label after its last +
-    assert PV.time_line([1.0, 2.0], 3.0) == "0.0-0.5-1.0+1.5+2.0-2.5-3.0"
-    assert PV.time_line([0.0, 8.0], 8.0) == "".join(f"{g / 2:.1f}+" for g in range(16)) + "8.0"
-    line = PV.time_line([6.5, 8.0], 8.0)
+    assert VT.time_line([1.0, 2.0], 3.0) == "0.0-0.5-1.0+1.5+2.0-2.5-3.0"
+    assert VT.time_line([0.0, 8.0], 8.0) == "".join(f"{g / 2:.1f}+" for g in range(16)) + "8.0"
+    line = VT.time_line([6.5, 8.0], 8.0)
     assert line.endswith("6.0-6.5+7.0+7.5+8.0") and line.count("+") == 3

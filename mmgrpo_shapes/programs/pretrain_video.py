@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from mmgrpo_shapes.programs.video_probe import frame_encoder, lifetimes, pipeline_records, set_records
 from mmgrpo_shapes.scenes import BACKGROUND, COLORS
 from mmgrpo_shapes.video import DIRECTIONS, VIDEO_TYPES, make_video_set
-from mmgrpo_shapes.video_think import GROUP_SECONDS, MOVE_MARKS, THINK, qa_line, target_text, time_line  # noqa: F401
+from mmgrpo_shapes.video_think import target_text
 
 NUM_FRAMES = 32
 """frames per clip and frames sampled (configs/video: shapes_frames = num_frames = 32)"""

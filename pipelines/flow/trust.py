@@ -42,8 +42,8 @@ class MovingAnchor:
         if self.every <= 0 or self.PREFIX + "at" not in state:
             return
         self.at = int(state[self.PREFIX + "at"])
-        lora = {k[len(self.PREFIX) + 5:]: v for k, v in state.items() if k.startswith(self.PREFIX + "lora.")}
-        ref = {k[len(self.PREFIX) + 4:]: v for k, v in state.items() if k.startswith(self.PREFIX + "ref.")}
+        lora = {k.removeprefix(self.PREFIX + "lora."): v for k, v in state.items() if k.startswith(self.PREFIX + "lora.")}
+        ref = {k.removeprefix(self.PREFIX + "ref."): v for k, v in state.items() if k.startswith(self.PREFIX + "ref.")}
         self.moved = bool(lora or ref)
         self.state = {n: v.clone() for n, v in lora.items()} or None
         if ref:

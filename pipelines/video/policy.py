@@ -61,6 +61,7 @@ class VideoPolicy(VLMPolicy):
         super().__init__(module, processor, **vlm_kwargs)
         self.frames, self.m = frames, methods
         self.augment_reward = None
+        self.evaluating = False  # set by for_evaluation
         if methods.augment:
             from rewards import load
 
@@ -80,7 +81,7 @@ class VideoPolicy(VLMPolicy):
         """Reward fields about the run, one per sample: the training step (annealed rewards), and under `mmgrpo eval`
         that T-GRPO's shuffled-frame pass is off on purpose (temporal_contrast then scores 0)."""
         out: dict[str, list] = {} if self.iteration is None else {"step": [self.iteration] * n}
-        return out | ({"temporal_off": [True] * n} if getattr(self, "evaluating", False) else {})
+        return out | ({"temporal_off": [True] * n} if self.evaluating else {})
 
     # ----- prompts
     def encode(self, record: dict[str, Any], *, seed: int = 0, shuffle_seed: int | None = None,
