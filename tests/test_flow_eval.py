@@ -9,9 +9,9 @@ import torch
 import pipelines.flow  # noqa: F401
 from mmgrpo.config import load_config
 from mmgrpo.evaluate import evaluate
+from pipelines.flow.build import tiny_task
 from pipelines.flow.compare import EVAL_OVERRIDES
 from pipelines.flow.policy import FlowPolicy
-from pipelines.flow.tiny import tiny_task
 
 PROMPTS = [{"prompt": "a red circle"}, {"prompt": "a blue square"}]
 

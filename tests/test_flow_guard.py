@@ -11,8 +11,8 @@ import pipelines.flow  # noqa: F401
 from mmgrpo import losses
 from mmgrpo.errors import UserError
 from pipelines.flow import sde
+from pipelines.flow.build import tiny_task
 from pipelines.flow.objectives import guard_log_ratio
-from pipelines.flow.tiny import tiny_task
 
 PROMPTS = [{"prompt": "a red circle"}, {"prompt": "a blue square"}]
 

@@ -116,7 +116,7 @@ def _nudge(module):
 
 
 def test_moving_anchor_and_per_update_kl_on_a_tiny_policy(tiny_sd3):
-    from pipelines.flow.tiny import tiny_task
+    from pipelines.flow.build import tiny_task
 
     task = tiny_task(tiny_sd3, sde="sage", anchor_every=2, trust_step=1.0, step_weights="grad_equalizer")
     pol, idx = task.policy, torch.arange(2)
@@ -148,7 +148,7 @@ def test_moving_anchor_and_per_update_kl_on_a_tiny_policy(tiny_sd3):
 def test_moving_anchor_is_in_the_checkpoint_state(tiny_sd3, lora):
     # a run interrupted after the anchor moved resumes against the same reference: save at step 2 (anchor moved to
     # the nudged weights), load into a fresh policy, and the reference scores equal the uninterrupted run's
-    from pipelines.flow.tiny import tiny_task
+    from pipelines.flow.build import tiny_task
 
     kw = dict(sde="sage", anchor_every=2, trust_step=1.0) | ({} if lora else {"lora_rank": 0})
     task = tiny_task(tiny_sd3, **kw)

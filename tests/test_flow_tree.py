@@ -16,8 +16,8 @@ from mmgrpo.trainer import _loss_for
 from mmgrpo.types import Rollout
 from pipelines.flow import plan as P
 from pipelines.flow import sde
+from pipelines.flow.build import tiny_task
 from pipelines.flow.policy import FlowPolicy
-from pipelines.flow.tiny import tiny_task
 
 
 def _tree(num_steps, group_size, seeds, **kw):

@@ -107,7 +107,7 @@ def test_value_anchor_misuse_fails_before_loading(kw, match):
 def test_policy_uses_vgpo_step_credit_on_a_tree(monkeypatch):
     from pathlib import Path
 
-    from pipelines.flow.tiny import tiny_task
+    from pipelines.flow.build import tiny_task
 
     # the tiny SD3 cached where the recipe tests build it (tiny:sd3 is built once per checkout)
     monkeypatch.setenv("MMGRPO_CACHE", str(Path(__file__).resolve().parents[1] / ".pytest_cache" / "mmgrpo"))

@@ -15,7 +15,7 @@ from mmgrpo.plugins import pipeline_settings
 from mmgrpo.types import Task
 from pipelines.flow.settings import ATTENTION, FlowSettings, _check_ddim
 
-__all__ = ["ATTENTION", "build_flow", "check_flow_kwargs", "read_prompts", "shapes_prompts"]
+__all__ = ["ATTENTION", "build_flow", "check_flow_kwargs", "read_prompts", "shapes_prompts", "tiny_task"]
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16}
@@ -240,3 +240,13 @@ def _trainable(pipe, s: FlowSettings, model_type: str, device: torch.device):
     if s.attention == "xformers":
         pipe.enable_xformers_memory_efficient_attention()  # transformer (LoRA included) and VAE
     return transformer
+
+
+def tiny_task(path: str, **overrides) -> Task:
+    """`build_flow` on a model saved by `pipelines.flow.tiny.save_tiny` with small CPU settings (32 px, 4 steps,
+    LoRA r4, CFG off), torch seeded first so LoRA initialisation repeats; keyword overrides win. For tests and quick
+    checks. It lives here, not in tiny.py, so the tiny model builders never import the pipeline builder."""
+    kw = {"seed": 0, "device": torch.device("cpu"), "model": path, "prompts": ["a"], "resolution": 32,
+          "num_steps": 4, "max_sequence_length": 8, "lora_rank": 4, "guidance_scale": 1.0, **overrides}
+    torch.manual_seed(0)
+    return build_flow(**kw)

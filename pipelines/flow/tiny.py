@@ -233,13 +233,3 @@ if __name__ == "__main__":
         raise SystemExit(f"usage: python -m pipelines.flow.tiny {{{'|'.join(MODEL_TYPES)}}} OUT_DIR")
     print(save_tiny(sys.argv[1], sys.argv[2]))
 
-
-def tiny_task(path: str, **overrides):
-    """`build_flow` on a model saved by `save_tiny` with small CPU settings (32 px, 4 steps, LoRA r4, CFG off),
-    torch seeded first so LoRA initialisation repeats; keyword overrides win. For tests and quick checks."""
-    from pipelines.flow.build import build_flow
-
-    kw = {"seed": 0, "device": torch.device("cpu"), "model": path, "prompts": ["a"], "resolution": 32,
-          "num_steps": 4, "max_sequence_length": 8, "lora_rank": 4, "guidance_scale": 1.0, **overrides}
-    torch.manual_seed(0)
-    return build_flow(**kw)
