@@ -53,8 +53,6 @@ ALLOWED_LARGE: dict[str, tuple[int, str]] = {
     "mmgrpo/losses.py::policy_loss": (73, _SPLIT),
     "mmgrpo_shapes/programs/pretrain_t2i.py": (455, _SPLIT),
     "mmgrpo_shapes/programs/pretrain_t2i.py::pretrain": (72, _SPLIT),
-    "pipelines/flow/objectives.py::nft_loss": (62, "issue 17 (DiffusionNFT into its own module)"),
-    "pipelines/flow/sde.py::step": (74, _SPLIT),
     "pipelines/video/policy.py::VideoPolicy.rollout": (67, _SPLIT),
 }
 

@@ -194,6 +194,32 @@ def nft_optimality(adv: Tensor, *, adv_clip_max: float = 5.0) -> Tensor:
     return (adv.clamp(-adv_clip_max, adv_clip_max) / adv_clip_max / 2 + 0.5).clamp(0, 1)
 
 
+def _check_nft_inputs(velocity: Tensor, old_velocity: Tensor, target: Tensor, t: Tensor, r: Tensor, beta: float,
+                      weighting: str) -> None:
+    """nft_loss's argument checks: matching shapes, t the leading dims, beta > 0, a known weighting, r in [0, 1]."""
+    if velocity.shape != old_velocity.shape or velocity.shape != target.shape:
+        raise ValueError(f"velocity {tuple(velocity.shape)}, old_velocity {tuple(old_velocity.shape)} and target "
+                         f"{tuple(target.shape)} must match")
+    nb = t.dim()
+    if velocity.shape[:nb] != t.shape or velocity.dim() == nb:
+        raise ValueError(f"t {tuple(t.shape)} must be the leading (batch) dims of velocity {tuple(velocity.shape)}")
+    if not beta > 0 or weighting not in ("adaptive", "velocity"):
+        raise ValueError(f"nft_loss needs beta > 0 and weighting in ('adaptive', 'velocity'), got {beta}, "
+                         f"{weighting!r}")
+    if bool(((r < 0) | (r > 1)).any()):
+        raise ValueError("r must lie in [0, 1] (an optimality probability); map advantages with nft_optimality")
+
+
+def _nft_branch_loss(e: Tensor, tt: Tensor, dims: tuple[int, ...], weighting: str, eps: float) -> Tensor:
+    """L(e) [*B] of one implicit policy's velocity error e [*B, ...]: mean_d e^2 ("velocity"), or the squared x0
+    error over its detached mean absolute value ("adaptive", x0 error = t e with tt = t broadcast to e)."""
+    if weighting == "velocity":
+        return (e**2).mean(dims)  # [*B]
+    x0_err = tt * e
+    w = x0_err.detach().abs().mean(dims).clamp_min(eps)  # [*B]
+    return (x0_err**2).mean(dims) / w  # [*B]
+
+
 def nft_loss(
     velocity: Tensor,
     old_velocity: Tensor,
@@ -227,30 +253,13 @@ def nft_loss(
     Returns:
         loss [*B] and detached metrics nft/pos, nft/neg (mean L+, L-), nft/old_deviation (mean (v - v_old)^2).
     """
-    if velocity.shape != old_velocity.shape or velocity.shape != target.shape:
-        raise ValueError(f"velocity {tuple(velocity.shape)}, old_velocity {tuple(old_velocity.shape)} and target "
-                         f"{tuple(target.shape)} must match")
-    nb = t.dim()
-    if velocity.shape[:nb] != t.shape or velocity.dim() == nb:
-        raise ValueError(f"t {tuple(t.shape)} must be the leading (batch) dims of velocity {tuple(velocity.shape)}")
-    if not beta > 0 or weighting not in ("adaptive", "velocity"):
-        raise ValueError(f"nft_loss needs beta > 0 and weighting in ('adaptive', 'velocity'), got {beta}, "
-                         f"{weighting!r}")
-    if bool(((r < 0) | (r > 1)).any()):
-        raise ValueError("r must lie in [0, 1] (an optimality probability); map advantages with nft_optimality")
+    _check_nft_inputs(velocity, old_velocity, target, t, r, beta, weighting)
     dtype = torch.promote_types(velocity.dtype, torch.float32)
     v, v_old, tgt = velocity.to(dtype), old_velocity.detach().to(dtype), target.to(dtype)
-    dims = tuple(range(nb, v.dim()))
+    dims = tuple(range(t.dim(), v.dim()))
     tt = t.to(dtype).reshape(*t.shape, *([1] * len(dims)))
-    losses = []
-    for v_pm in ((1 - beta) * v_old + beta * v, (1 + beta) * v_old - beta * v):
-        e = v_pm - tgt
-        if weighting == "velocity":
-            losses.append((e**2).mean(dims))  # [*B]
-        else:
-            x0_err = tt * e
-            w = x0_err.detach().abs().mean(dims).clamp_min(eps)  # [*B]
-            losses.append((x0_err**2).mean(dims) / w)  # [*B]
+    losses = [_nft_branch_loss(v_pm - tgt, tt, dims, weighting, eps)  # [*B] each: L(e+), L(e-)
+              for v_pm in ((1 - beta) * v_old + beta * v, (1 + beta) * v_old - beta * v)]
     r = torch.as_tensor(r, dtype=dtype, device=v.device)
     loss = (r * losses[0] + (1 - r) * losses[1]) / beta  # [*B]
     metrics = {"nft/pos": losses[0].detach().mean(), "nft/neg": losses[1].detach().mean(),

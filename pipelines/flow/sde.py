@@ -199,6 +199,46 @@ def gaussian_logp(x: Tensor, mean: Tensor, std: Tensor, reduce: str = "mean") ->
     return torch.where(pos, _reduce(elem, reduce), torch.zeros((), dtype=mean.dtype, device=mean.device))  # [N]
 
 
+def _check_step_inputs(sample: Tensor, velocity: Tensor, prev_sample: Tensor | None, noise_level: float,
+                       reduce: str) -> None:
+    """step()'s argument checks, each naming the argument, what it got and what to pass."""
+    if velocity.shape != sample.shape:
+        raise ValueError(f"velocity {tuple(velocity.shape)} != sample {tuple(sample.shape)}: the model output must "
+                         f"have the latent's shape")
+    if prev_sample is not None and prev_sample.shape != sample.shape:
+        raise ValueError(f"prev_sample {tuple(prev_sample.shape)} != sample {tuple(sample.shape)}: score the stored "
+                         f"next latent of this same step")
+    if sample.dim() < 1 or sample.shape[0] == 0:
+        raise ValueError(f"sample must be [N, ...] with N >= 1, got shape {tuple(sample.shape)}")
+    if not noise_level >= 0:
+        raise ValueError(f"noise_level must be >= 0 (0 gives the deterministic step), got {noise_level}")
+    if reduce not in ("mean", "sum"):
+        raise ValueError(f"reduce must be 'mean' (per-element average, as Flow-GRPO) or 'sum', got {reduce!r}")
+
+
+def _moments(fn, x: Tensor, v: Tensor, sigma: Tensor | float, sigma_next: Tensor | float,
+             noise_level: float) -> tuple[Tensor, Tensor]:
+    """A kind's (mean [N, ...], std [N]) at x, v (already in the compute dtype), the sigmas made per-sample [N].
+
+    On an accelerator with sigmas given on the host, the kind validates the host copies (_HOST_SIGMAS) and the
+    device gets a non-blocking copy, so a rollout step never waits for the device to answer a check."""
+    n, dev, dtype = x.shape[0], x.device, x.dtype
+    on_host = lambda t: not isinstance(t, Tensor) or t.device.type == "cpu"
+    token = None
+    if dev.type != "cpu" and on_host(sigma) and on_host(sigma_next):  # check the host copies, copy without a wait
+        host = (_per_sample(sigma, n, "sigma", dtype, torch.device("cpu")),
+                _per_sample(sigma_next, n, "sigma_next", dtype, torch.device("cpu")))  # [N], [N]
+        token = _HOST_SIGMAS.set(host)
+        sigma, sigma_next = (h.to(dev, non_blocking=True) for h in host)
+    sigma = _per_sample(sigma, n, "sigma", dtype, dev)  # [N]
+    sigma_next = _per_sample(sigma_next, n, "sigma_next", dtype, dev)  # [N]
+    try:
+        return fn(x, v, sigma, sigma_next, noise_level=noise_level)
+    finally:
+        if token is not None:
+            _HOST_SIGMAS.reset(token)
+
+
 def step(
     kind: str,
     sample: Tensor,
@@ -238,38 +278,13 @@ def step(
         StepOut(prev_sample [N, ...] in sample.dtype, logp [N], mean [N, ...], std [N]).
     """
     fn = STEPS.get(kind)
-    if velocity.shape != sample.shape:
-        raise ValueError(f"velocity {tuple(velocity.shape)} != sample {tuple(sample.shape)}: the model output must "
-                         f"have the latent's shape")
-    if prev_sample is not None and prev_sample.shape != sample.shape:
-        raise ValueError(f"prev_sample {tuple(prev_sample.shape)} != sample {tuple(sample.shape)}: score the stored "
-                         f"next latent of this same step")
-    if sample.dim() < 1 or sample.shape[0] == 0:
-        raise ValueError(f"sample must be [N, ...] with N >= 1, got shape {tuple(sample.shape)}")
-    if not noise_level >= 0:
-        raise ValueError(f"noise_level must be >= 0 (0 gives the deterministic step), got {noise_level}")
-    if reduce not in ("mean", "sum"):
-        raise ValueError(f"reduce must be 'mean' (per-element average, as Flow-GRPO) or 'sum', got {reduce!r}")
+    _check_step_inputs(sample, velocity, prev_sample, noise_level, reduce)
     # bf16 cannot hold the drift term x * s_t^2 dt / (2 sigma) accurately: always compute in >= float32
     dtype = torch.promote_types(torch.promote_types(sample.dtype, velocity.dtype), torch.float32)
-    n, dev = sample.shape[0], sample.device
-    on_host = lambda t: not isinstance(t, Tensor) or t.device.type == "cpu"
-    token = None
-    if dev.type != "cpu" and on_host(sigma) and on_host(sigma_next):  # check the host copies, copy without a wait
-        host = (_per_sample(sigma, n, "sigma", dtype, torch.device("cpu")),
-                _per_sample(sigma_next, n, "sigma_next", dtype, torch.device("cpu")))  # [N], [N]
-        token = _HOST_SIGMAS.set(host)
-        sigma, sigma_next = (h.to(dev, non_blocking=True) for h in host)
-    sigma = _per_sample(sigma, n, "sigma", dtype, dev)  # [N]
-    sigma_next = _per_sample(sigma_next, n, "sigma_next", dtype, dev)  # [N]
-    try:
-        mean, std = fn(sample.to(dtype), velocity.to(dtype), sigma, sigma_next, noise_level=noise_level)
-    finally:
-        if token is not None:
-            _HOST_SIGMAS.reset(token)
+    mean, std = _moments(fn, sample.to(dtype), velocity.to(dtype), sigma, sigma_next, noise_level)
     if prev_sample is None:
         with torch.no_grad():
-            eps = _noise(tuple(sample.shape), generator, dev, dtype)
+            eps = _noise(tuple(sample.shape), generator, sample.device, dtype)
             prev_sample = (mean + _view(std, mean.dim()) * eps).to(sample.dtype)
     logp = gaussian_logp(prev_sample.to(dtype), mean, std, reduce)  # [N]
     return StepOut(prev_sample.detach(), logp, mean, std)
