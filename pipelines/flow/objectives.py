@@ -1,13 +1,94 @@
-"""Flow objectives on [N, K] (K = trained steps): GRPO-Guard RatioNorm and reweighting, TempFlow weights, DiffusionNFT.
+"""Flow objectives: what FlowPolicy trains on (OBJECTIVES: grpo, nft) and the [N, K] maths of GRPO-Guard and TempFlow.
 
-Pure tensor maths, no model; importing this module registers "guard_clipped" and "nft" in mmgrpo.losses.POLICY_LOSSES.
+The losses are pure tensor maths, no model (K = trained steps); DiffusionNFT's lives in nft.py. Importing this module
+registers "guard_clipped" and "nft" in mmgrpo.losses.POLICY_LOSSES and both objectives in OBJECTIVES.
 """
 
+import inspect
+from typing import Any, Protocol
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from mmgrpo.losses import POLICY_LOSSES, policy_loss
+from mmgrpo.registry import Registry
+from mmgrpo.types import Rollout
+from pipelines.flow.nft import NFT, nft, nft_loss, nft_optimality
+from pipelines.flow.plan import PlanResult, RolloutPlan
 from pipelines.flow.sde import step_std
+
+__all__ = [
+    "NFT",
+    "OBJECTIVES",
+    "FlowObjective",
+    "Likelihood",
+    "guard_clipped",
+    "guard_log_ratio",
+    "guard_step_weights",
+    "make_objective",
+    "nft",
+    "nft_loss",
+    "nft_optimality",
+    "noise_aware_weights",
+    "per_step_ratio_metrics",
+]
+
+OBJECTIVES = Registry("flow objective")
+
+
+class FlowObjective(Protocol):
+    """What a flow policy trains on: the one interface FlowPolicy calls, so the policy never names an objective.
+
+    `policy` is the calling FlowPolicy (its sigmas, iteration, model adapter and transformer).
+    """
+
+    def trained(self, trained: Tensor) -> Tensor:
+        """[N, T] bool: which of the plan's transitions the rollout keeps, from the plan's choice `trained`."""
+
+    def rollout(self, policy: Any, plan: RolloutPlan, res: PlanResult, samples: list, cond: dict[str, Tensor],
+                group_size: int, seeds: list[int]) -> Rollout:
+        """The Rollout of a run plan: reward samples plus this objective's training inputs in extras."""
+
+    def logp(self, policy: Any, model: nn.Module, rollout: Rollout, idx: Tensor,
+             ks: slice) -> tuple[Tensor, dict[str, Tensor]]:
+        """[n, k] log-probs through `model` and the aux dict (kl, loss_kwargs) the trainer reads."""
+
+    def ref_logp(self, policy: Any, rollout: Rollout, idx: Tensor) -> Tensor | None:
+        """[n, K] reference log-probs, or None when the objective has no KL term."""
+
+
+@OBJECTIVES.register("grpo", paper="arXiv:2505.05470")
+class Likelihood:
+    """objective grpo: the kept SDE transitions, scored by their Gaussian log-probs (algo.loss clipped, guard_clipped).
+
+    Paper: Flow-GRPO arXiv:2505.05470. The scoring path is the policy's own (FlowPolicy.transition_*): it needs the
+    policy's reference, adapters, trust region and GRPO-Guard switches.
+    """
+
+    def trained(self, trained: Tensor) -> Tensor:
+        return trained
+
+    def rollout(self, policy: Any, plan: RolloutPlan, res: PlanResult, samples: list, cond: dict[str, Tensor],
+                group_size: int, seeds: list[int]) -> Rollout:
+        return policy.transition_rollout(plan, res, samples, cond, group_size)
+
+    def logp(self, policy: Any, model: nn.Module, rollout: Rollout, idx: Tensor,
+             ks: slice) -> tuple[Tensor, dict[str, Tensor]]:
+        return policy.transition_logp(model, rollout, idx, ks)
+
+    def ref_logp(self, policy: Any, rollout: Rollout, idx: Tensor) -> Tensor | None:
+        return policy.transition_ref_logp(rollout, idx)
+
+
+OBJECTIVES.register("nft", NFT, paper="arXiv:2509.16117")
+
+
+def make_objective(name: str, **settings: Any) -> FlowObjective:
+    """The objective registered as `name`, built from the flow settings its constructor names (nft: nft_steps);
+    the others are not its business. An unknown name raises ValueError listing the choices."""
+    cls = OBJECTIVES.get(name)
+    params = inspect.signature(cls).parameters
+    return cls(**{key: value for key, value in settings.items() if key in params})
 
 
 def _check_nk(x: Tensor, like: Tensor, name: str) -> None:
@@ -183,117 +264,3 @@ def per_step_ratio_metrics(
     return out
 
 
-def nft_optimality(adv: Tensor, *, adv_clip_max: float = 5.0) -> Tensor:
-    """DiffusionNFT's optimality probability r in [0, 1] from advantages: r = clip(A, +-c) / (2c) + 1/2.
-
-    Paper: DiffusionNFT arXiv:2509.16117 (code: NVlabs/DiffusionNFT scripts/train_nft_sd3.py, c = adv_clip_max = 5).
-    Args: adv: any shape. Returns: r of the same shape.
-    """
-    if not adv_clip_max > 0:
-        raise ValueError(f"adv_clip_max must be > 0, got {adv_clip_max}; DiffusionNFT uses 5")
-    return (adv.clamp(-adv_clip_max, adv_clip_max) / adv_clip_max / 2 + 0.5).clamp(0, 1)
-
-
-def _check_nft_inputs(velocity: Tensor, old_velocity: Tensor, target: Tensor, t: Tensor, r: Tensor, beta: float,
-                      weighting: str) -> None:
-    """nft_loss's argument checks: matching shapes, t the leading dims, beta > 0, a known weighting, r in [0, 1]."""
-    if velocity.shape != old_velocity.shape or velocity.shape != target.shape:
-        raise ValueError(f"velocity {tuple(velocity.shape)}, old_velocity {tuple(old_velocity.shape)} and target "
-                         f"{tuple(target.shape)} must match")
-    nb = t.dim()
-    if velocity.shape[:nb] != t.shape or velocity.dim() == nb:
-        raise ValueError(f"t {tuple(t.shape)} must be the leading (batch) dims of velocity {tuple(velocity.shape)}")
-    if not beta > 0 or weighting not in ("adaptive", "velocity"):
-        raise ValueError(f"nft_loss needs beta > 0 and weighting in ('adaptive', 'velocity'), got {beta}, "
-                         f"{weighting!r}")
-    if bool(((r < 0) | (r > 1)).any()):
-        raise ValueError("r must lie in [0, 1] (an optimality probability); map advantages with nft_optimality")
-
-
-def _nft_branch_loss(e: Tensor, tt: Tensor, dims: tuple[int, ...], weighting: str, eps: float) -> Tensor:
-    """L(e) [*B] of one implicit policy's velocity error e [*B, ...]: mean_d e^2 ("velocity"), or the squared x0
-    error over its detached mean absolute value ("adaptive", x0 error = t e with tt = t broadcast to e)."""
-    if weighting == "velocity":
-        return (e**2).mean(dims)  # [*B]
-    x0_err = tt * e
-    w = x0_err.detach().abs().mean(dims).clamp_min(eps)  # [*B]
-    return (x0_err**2).mean(dims) / w  # [*B]
-
-
-def nft_loss(
-    velocity: Tensor,
-    old_velocity: Tensor,
-    target: Tensor,
-    t: Tensor,
-    r: Tensor,
-    *,
-    beta: float = 1.0,
-    weighting: str = "adaptive",
-    eps: float = 1e-5,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """DiffusionNFT's forward-process objective: pull an implicit positive policy to good samples, push a negative one.
-
-    Paper: DiffusionNFT arXiv:2509.16117, Eq. 8 (CFG-free and likelihood-free: only clean samples x0 and rewards).
-    Formula: v+ = (1 - beta) v_old + beta v, v- = (1 + beta) v_old - beta v, e+- = v+- - target;
-    loss = [r L(e+) + (1 - r) L(e-)] / beta with L(e) = mean_d e^2 (weighting="velocity", the paper's form) or
-    L(e) = mean_d (t e)^2 / max(mean_d |t e|, eps) (weighting="adaptive", the released code: squared x0 error over its
-    detached mean absolute x0 error, since x0_hat - x0 = -t e). The code's final * adv_clip_max is a constant scale
-    left out. Inputs come from x_t = (1 - t) x0 + t noise with target = noise - x0 (the flow-matching velocity).
-
-    Args:
-        velocity: [*B, ...] the trained model's velocity at x_t (with grad); B = t.shape, e.g. [N] or [N, K].
-        old_velocity: same shape, the sampling (old) policy's velocity at the same x_t (detached here).
-        target: same shape, noise - x0.
-        t: [*B] noise levels in [0, 1].
-        r: broadcastable to [*B], optimality probabilities in [0, 1] (nft_optimality).
-        beta: > 0 NFT step size (1.0; 0.1 for OCR in the paper). Not the KL coefficient.
-        weighting: "adaptive" or "velocity".
-        eps: floor of the adaptive weight.
-
-    Returns:
-        loss [*B] and detached metrics nft/pos, nft/neg (mean L+, L-), nft/old_deviation (mean (v - v_old)^2).
-    """
-    _check_nft_inputs(velocity, old_velocity, target, t, r, beta, weighting)
-    dtype = torch.promote_types(velocity.dtype, torch.float32)
-    v, v_old, tgt = velocity.to(dtype), old_velocity.detach().to(dtype), target.to(dtype)
-    dims = tuple(range(t.dim(), v.dim()))
-    tt = t.to(dtype).reshape(*t.shape, *([1] * len(dims)))
-    losses = [_nft_branch_loss(v_pm - tgt, tt, dims, weighting, eps)  # [*B] each: L(e+), L(e-)
-              for v_pm in ((1 - beta) * v_old + beta * v, (1 + beta) * v_old - beta * v)]
-    r = torch.as_tensor(r, dtype=dtype, device=v.device)
-    loss = (r * losses[0] + (1 - r) * losses[1]) / beta  # [*B]
-    metrics = {"nft/pos": losses[0].detach().mean(), "nft/neg": losses[1].detach().mean(),
-               "nft/old_deviation": ((v.detach() - v_old) ** 2).mean()}
-    return loss, metrics
-
-
-@POLICY_LOSSES.register("nft", paper="arXiv:2509.16117")
-def nft(
-    logp: Tensor,
-    old_logp: Tensor,
-    adv: Tensor,
-    mask: Tensor,
-    *,
-    velocity: Tensor | None = None,
-    old_velocity: Tensor | None = None,
-    target: Tensor | None = None,
-    t: Tensor | None = None,
-    beta: float = 1.0,
-    weighting: str = "adaptive",
-    adv_clip_max: float = 5.0,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """DiffusionNFT as a policy loss: r = nft_optimality(A) per sample, loss = nft_loss(v, v_old, target, t, r).
-
-    Paper: DiffusionNFT arXiv:2509.16117, Eq. 8. The flow policy with `objective: nft` supplies velocity, old_velocity,
-    target [N, K, ...] and t [N, K] (K forward-process noise levels per clean sample); logp/old_logp are unused.
-    Args: adv [N] or [N, K]; mask [N, K]. Returns loss [N, K] (0 where masked) and nft/* metrics.
-    """
-    if velocity is None or old_velocity is None or target is None or t is None:
-        raise ValueError("algo.loss=nft needs the flow pipeline with pipeline.kwargs.objective=nft (it supplies the "
-                         "forward-process velocities); set both, or use algo.loss=clipped")
-    a = adv[:, None].expand(mask.shape) if adv.dim() == 1 else adv  # [N, K]
-    r = nft_optimality(a.to(velocity.dtype), adv_clip_max=adv_clip_max)  # [N, K]
-    loss, metrics = nft_loss(velocity, old_velocity, target, t, r, beta=beta, weighting=weighting)  # [N, K]
-    loss = torch.where(mask.bool(), loss, torch.zeros((), dtype=loss.dtype, device=loss.device))
-    metrics["nft/r_mean"] = r.detach()[mask.bool()].mean() if mask.any() else r.new_zeros(())
-    return loss, metrics

@@ -16,6 +16,7 @@ from mmgrpo.types import Rollout
 from pipelines.flow import plan as plans
 from pipelines.flow import sde, trust
 from pipelines.flow.models import FlowModel, FluxModel, denoiser_of
+from pipelines.flow.objectives import guard_step_weights, make_objective, noise_aware_weights
 
 
 class FlowPolicy:
@@ -27,6 +28,8 @@ class FlowPolicy:
     logp() and ref_logp() run the transformer only on the (sample, step) pairs rollout.mask trains (a tree plan's
     shared edges count once, see `step_advantages`); the other entries hold the old log-prob, detached.
     Samples are pixels for the rewards, or the final latents when no reward needs pixels (`set_reward_inputs`).
+    What it trains on is `objective` (objectives.OBJECTIVES: grpo scores the kept transitions with the transition_*
+    methods below, nft feeds DiffusionNFT forward-process points); rollout, logp and ref_logp go through it.
     """
 
     per_element_metrics = True
@@ -45,7 +48,7 @@ class FlowPolicy:
                  reward_inputs: Iterable[str] | None = None, value_anchor: dict | None = None,
                  anchor_every: int = 0, trust_step: float = 0.0):
         self.pipe, self.model, self.transformer = pipe, model, denoiser_of(pipe)
-        self.objective, self.nft_steps = objective, nft_steps
+        self.objective = make_objective(objective, nft_steps=nft_steps)
         self.ratio_norm, self.step_weights = ratio_norm, step_weights
         self.value_anchor = None if value_anchor is None else dict(value_anchor)  # VGPO's per-step credit (vgpo.py)
         # SAGE-GRPO's dual trust region (trust.py): the reference moves every anchor_every steps; trust_step weighs
@@ -82,7 +85,7 @@ class FlowPolicy:
         kept equal by tests/test_flow_eval.py): deterministic ODE (noise 0) through the independent plan with every
         step, objective grpo, one fresh initial noise per sample, whatever the recipe trains with."""
         self.noise_level, self.plan_name, self.plan_kwargs = 0.0, "independent", {"train": "all"}
-        self.objective, self.same_noise = "grpo", False
+        self.objective, self.same_noise = make_objective("grpo"), False
 
     def set_iteration(self, iteration: int) -> None:
         """Tell the policy the training step (moves MixGRPO windows, picks Fast branch points); else it counts calls."""
@@ -104,8 +107,6 @@ class FlowPolicy:
                             f"{group_size}: {' '.join(str(err).split())}") from None
         self.last_plan = plan
         device, dtype = self.model.device, self.model.dtype
-        if self.objective == "nft":  # likelihood-free: no transition is kept, only the clean samples
-            trained = torch.zeros_like(trained)
 
         def velocity(x: Tensor, sigma: Tensor, prompt: Tensor) -> Tensor:
             return self.model.velocity(self.transformer, x, sigma, {k: v[prompt] for k, v in cond.items()})
@@ -116,10 +117,21 @@ class FlowPolicy:
             return sde.step(kind, x, v, s, s_next, reduce=self.reduce, **kw)
 
         res = plans.execute(plan, seeds=list(seeds), shape=self.model.latent_shape(), sigmas=self.sigmas,
-                            trained=trained, velocity=velocity, step=step, noise_level=self.noise_level,
-                            device=device, dtype=dtype, keep_mean=self.ratio_norm or self.trust_step > 0)
+                            trained=self.objective.trained(trained), velocity=velocity, step=step,
+                            noise_level=self.noise_level, device=device, dtype=dtype,
+                            keep_mean=self.ratio_norm or self.trust_step > 0)
         if not self._iteration_fixed:
             self.iteration += 1
+        samples = self.model.decode(res.final, self.decode_batch_size) if self.decode_samples else \
+            self._latent_samples(res.final)
+        per_sample = {f"cond_{k}": v.repeat_interleave(group_size, 0) for k, v in cond.items()}
+        return self.objective.rollout(self, plan, res, samples, per_sample, group_size, list(seeds))
+
+    def transition_rollout(self, plan: plans.RolloutPlan, res: plans.PlanResult, samples: list,
+                           cond: dict[str, Tensor], group_size: int) -> Rollout:
+        """objective grpo's Rollout: the kept transitions (x_t, x_next, sigmas, step) with their sampling log-probs,
+        the mask of the stochastic ones the plan credits, and the per-sample conditioning `cond` ("cond_<key>")."""
+        device = self.model.device
         n = res.final.shape[0]
         sig, sig_next = self.sigmas[res.steps], self.sigmas[res.steps + 1]  # [N, K]
         std = sde.step_std(self.sde_kind, sig.reshape(-1), sig_next.reshape(-1), noise_level=self.noise_level)
@@ -129,13 +141,8 @@ class FlowPolicy:
         path_mask = None
         if plan.edge_credit == "once":  # a shared tree edge trains in one row; step_advantages redoes it after pruning
             path_mask, mask = mask, plans.credit_edges_once(plan, res.steps, mask, group_size)
-        samples = self.model.decode(res.final, self.decode_batch_size) if self.decode_samples else \
-            self._latent_samples(res.final)
-        per_sample = {f"cond_{k}": v.repeat_interleave(group_size, 0) for k, v in cond.items()}
-        if self.objective == "nft":
-            return self._nft_rollout(res.final, samples, per_sample, group_size, list(seeds), res.nfe)
         extras = {"x_t": res.x_t, "x_next": res.x_next, "sigma": sig.to(device), "sigma_next": sig_next.to(device),
-                  "step": res.steps, **per_sample}
+                  "step": res.steps, **cond}
         if path_mask is not None:
             extras["path_mask"] = path_mask  # [N, K] every leaf's whole path, before the edge credit
         if res.mean is not None:
@@ -144,36 +151,6 @@ class FlowPolicy:
         metrics = {"rollout/nfe_per_sample": res.nfe / n, "rollout/sde_steps": float(sde_steps),
                    "rollout/first_trained_step": float(res.steps.min()) if res.steps.numel() else -1.0}
         return Rollout(samples=samples, old_logp=res.logp.cpu(), mask=mask, extras=extras, metrics=metrics)
-
-    @torch.no_grad()
-    def _nft_rollout(self, x0: Tensor, samples: list, cond: dict[str, Tensor], group_size: int, seeds: list[int],
-                     nfe: int) -> Rollout:
-        """DiffusionNFT's training inputs (arXiv:2509.16117): K forward-process points per clean sample x0.
-
-        `cond` holds the per-sample conditioning under "cond_<key>" names, as stored in the extras.
-        x_t = (1 - t) x0 + t eps with t drawn without replacement from the sampling schedule's noise levels, the
-        target eps - x0, and the old policy's CFG-free velocity at x_t (the sampling weights, before any update)."""
-        n, k, grid = x0.shape[0], self.nft_steps, self.sigmas[:-1]  # grid [T], every level > 0
-        gens = [torch.Generator().manual_seed(plans.mix_seed(seeds[i // group_size], 17, i % group_size,
-                                                             self.iteration)) for i in range(n)]
-        idx = torch.stack([torch.randperm(len(grid), generator=g)[:k] for g in gens])  # [N, K]
-        eps = torch.stack([torch.randn((k, *x0.shape[1:]), generator=g) for g in gens]).to(x0)  # [N, K, ...]
-        t = grid[idx].to(x0)  # [N, K]
-        tt = t.view(n, k, *([1] * (x0.dim() - 1)))
-        x_t = (1 - tt) * x0[:, None] + tt * eps  # [N, K, ...]
-        v_old = torch.cat([self._nft_velocity(self.transformer, x_t[i: i + 16], t[i: i + 16],
-                                              {key[5:]: v[i: i + 16] for key, v in cond.items()})
-                           for i in range(0, n, 16)])  # [N, K, ...]
-        extras = {"x_t": x_t, "nft_target": eps - x0[:, None], "nft_v_old": v_old, "sigma": t, "step": idx, **cond}
-        metrics = {"rollout/nfe_per_sample": nfe / n + k, "rollout/sde_steps": 0.0, "rollout/first_trained_step": -1.0}
-        return Rollout(samples=samples, old_logp=torch.zeros(n, k), mask=torch.ones(n, k, dtype=torch.bool),
-                       extras=extras, metrics=metrics)
-
-    def _nft_velocity(self, module: nn.Module, x_t: Tensor, t: Tensor, cond: dict[str, Tensor]) -> Tensor:
-        """CFG-free velocity [n, k, ...] at forward-process points x_t [n, k, ...], t [n, k]; cond is per sample."""
-        n, k = t.shape
-        flat = {key: v.repeat_interleave(k, 0) for key, v in cond.items()}
-        return self.model.forward(module, x_t.reshape(n * k, *x_t.shape[2:]), t.reshape(-1), flat).view(x_t.shape)
 
     # ---- scoring
 
@@ -212,17 +189,14 @@ class FlowPolicy:
 
     def logp(self, model: nn.Module, rollout: Rollout, idx: Tensor,
              k_slice: slice | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+        """Log-probs [n, k] of the rollout's training inputs through `model` and the aux dict, as the objective
+        scores them (grpo: transition_logp; nft: zeros, its loss reads loss_kwargs)."""
+        return self.objective.logp(self, model, rollout, idx, k_slice if k_slice is not None else slice(None))
+
+    def transition_logp(self, model: nn.Module, rollout: Rollout, idx: Tensor,
+                        ks: slice) -> tuple[Tensor, dict[str, Tensor]]:
         """Log-probs [n, k] of the stored transitions through `model`; extras["kl"] [n, k] is the exact Gaussian KL
         to the reference once `ref_logp` has run on this rollout (it stores the reference means)."""
-        ks = k_slice if k_slice is not None else slice(None)
-        if self.objective == "nft":  # no likelihood: the "nft" loss reads the velocities from loss_kwargs
-            ex = rollout.extras
-            cond = {key[5:]: v[idx] for key, v in ex.items() if key.startswith("cond_")}
-            t = ex["sigma"][idx][:, ks]  # [n, k]
-            v = self._nft_velocity(model, ex["x_t"][idx][:, ks], t, cond)  # [n, k, ...]
-            kw = {"velocity": v, "old_velocity": ex["nft_v_old"][idx][:, ks], "target": ex["nft_target"][idx][:, ks],
-                  "t": t}
-            return torch.zeros(t.shape, device=v.device), {"loss_kwargs": kw}
         pos, stand_in = self._trained_positions(rollout, idx, ks)  # [E] only these reach the transformer
         out, n, k = self._score(model, rollout, idx, ks, pos) if pos.numel() else self._nothing(rollout, idx, ks)
         old = rollout.old_logp[idx][:, ks].reshape(-1).to(device=out.logp.device, dtype=out.logp.dtype)  # [n * k]
@@ -249,8 +223,6 @@ class FlowPolicy:
         """[T] loss weight of each denoising step for `step_weights` (guard: GRPO-Guard's 1 / |dt|, arXiv:2510.22319;
         guard_normalized: the same over its mean on the schedule; noise_aware: TempFlow-GRPO's std_t / mean std;
         grad_equalizer: SAGE-GRPO's (std_t / |d mean_t / d v|) over its mean, sage.equaliser_weights)."""
-        from pipelines.flow.objectives import guard_step_weights, noise_aware_weights
-
         s, s_next = self.sigmas[:-1].double(), self.sigmas[1:].double()  # [T]
         if self.step_weights == "grad_equalizer":  # SAGE-GRPO: equal expected gradient norm per step
             from pipelines.flow.sage import equaliser_weights
@@ -281,9 +253,15 @@ class FlowPolicy:
 
     @torch.no_grad()
     def ref_logp(self, rollout: Rollout, idx: Tensor) -> Tensor | None:
-        """Reference log-probs [n, K]: the adapter disabled (LoRA) or the frozen copy (full fine-tuning)."""
-        if not self.use_reference or self.objective == "nft":
+        """Reference log-probs [n, K] as the objective scores them (None without a reference or a KL term)."""
+        if not self.use_reference:
             return None
+        return self.objective.ref_logp(self, rollout, idx)
+
+    @torch.no_grad()
+    def transition_ref_logp(self, rollout: Rollout, idx: Tensor) -> Tensor:
+        """Reference log-probs [n, K] of the stored transitions: the adapter disabled (LoRA) or the frozen copy
+        (full fine-tuning); also stores the reference means in extras["ref_mean"] for logp's KL."""
         ex = rollout.extras
         pos, _ = self._trained_positions(rollout, idx, slice(None))  # [E] untrained pairs need no reference
         if not pos.numel():
