@@ -8,6 +8,7 @@ from mmgrpo.advantages import ADVANTAGES
 from mmgrpo.config import Config, load_config
 from mmgrpo.losses import AGGREGATIONS, KL, POLICY_LOSSES
 from mmgrpo.plugins import PIPELINES
+from mmgrpo.reward import REWARDS
 from mmgrpo.sampling import SAMPLERS
 
 
@@ -24,6 +25,7 @@ __all__ = [
     "KL",
     "PIPELINES",
     "POLICY_LOSSES",
+    "REWARDS",
     "SAMPLERS",
     "Config",
     "load_config",

@@ -161,12 +161,10 @@ def _recipes() -> dict[str, str]:
 
 
 def cmd_list(args) -> int:
-    from mmgrpo import advantages, losses, sampling
+    from mmgrpo import advantages, losses, reward, sampling
     from mmgrpo.errors import UserError
 
-    load_plugins()
-    import rewards
-
+    load_plugins()  # the installed packages register their pipelines and rewards
     tables = {
         "advantages": advantages.ADVANTAGES.describe,
         "losses": losses.POLICY_LOSSES.describe,
@@ -174,7 +172,7 @@ def cmd_list(args) -> int:
         "kl": losses.KL.describe,
         "samplers": sampling.SAMPLERS.describe,
         "pipelines": PIPELINES.describe,
-        "rewards": rewards.describe,
+        "rewards": reward.describe,
         "recipes": _recipes,
     }
     kinds = list(tables) if args.kind == "all" else [args.kind]

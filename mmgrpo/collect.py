@@ -12,6 +12,7 @@ from torch import Tensor
 
 from mmgrpo import budget, sampling
 from mmgrpo.errors import RewardFailed, UserError
+from mmgrpo.reward import RewardError
 from mmgrpo.runtime import all_gather, all_sum, any_rank, first_message, prompt_seed
 from mmgrpo.types import Rollout
 
@@ -141,9 +142,7 @@ def _score(run, rollout: Rollout, prompts: list[dict], g: int, first: int) -> tu
     failure = None
     try:
         per_reward, total = run.reward_set(rollout.samples, texts, group_size=g, **fields)  # [N, R], [N]
-    except Exception as err:
-        if type(err).__name__ != "RewardError":  # bugs propagate; RewardError is rewards' "this sample failed"
-            raise
+    except RewardError as err:  # a reward's "this sample failed"; any other exception is a bug and propagates
         failure = err
     if any_rank(run.accelerator, failure is not None):
         mine = _failure_message(failure, rollout, prompts, g, first) if failure is not None else None

@@ -20,6 +20,7 @@ from mmgrpo.config import Config
 from mmgrpo.errors import UserError
 from mmgrpo.plugins import PIPELINES, load_plugins
 from mmgrpo.report import write_report
+from mmgrpo.reward import RewardSet
 from mmgrpo.runtime import (
     EMA,
     build_optimizer,
@@ -115,9 +116,8 @@ def build_task(cfg: Config, device: torch.device) -> Task:
     return task
 
 
-def build_rewards(cfg: Config, task: Task, device: torch.device):
-    import rewards
-
+def build_rewards(cfg: Config, task: Task, device: torch.device) -> RewardSet:
+    load_plugins(cfg.run.plugins)  # the rewards named here register when their packages are imported
     specs = [
         {"name": s.name, "weight": s.weight, "kwargs": s.kwargs, "label": s.label or s.name} for s in cfg.rewards
     ] or task.rewards
@@ -126,7 +126,7 @@ def build_rewards(cfg: Config, task: Task, device: torch.device):
             f"no rewards configured and pipeline {cfg.pipeline.name!r} has no default; add a "
             f"`rewards:` list, e.g. [{{name: format, weight: 1.0}}]"
         )
-    reward_set = rewards.RewardSet(specs, device=device)
+    reward_set = RewardSet(specs, device=device)
     if hasattr(task.policy, "set_reward_inputs"):  # flow: no VAE decode when every reward reads latents
         try:
             task.policy.set_reward_inputs([r.input for r in reward_set.rewards])

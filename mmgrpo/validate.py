@@ -14,6 +14,7 @@ from pathlib import Path
 from mmgrpo import advantages, budget, losses, phases, sampling
 from mmgrpo.errors import UserError
 from mmgrpo.plugins import PIPELINES, RESERVED_BUILD_KWARGS, load_plugins, pipeline_settings
+from mmgrpo.reward import REWARDS, URL_PREFIXES
 from mmgrpo.schema import Config, _coerce, read_text
 
 
@@ -391,13 +392,11 @@ def _validate_components(cfg: Config) -> None:
         except ValueError as err:
             msg = " ".join(str(err).split())
             raise UserError(msg if msg.startswith("pipeline.kwargs") else f"pipeline.kwargs: {msg}") from None
-    import rewards
-
-    for i, spec in enumerate(cfg.rewards):
-        if spec.name.startswith(("http://", "https://")):
+    for i, spec in enumerate(cfg.rewards):  # the plugins loaded above registered every installed reward
+        if spec.name.startswith(URL_PREFIXES):
             continue
-        _check_name(rewards.REWARDS, spec.name, f"rewards.{i}.name")
-        _check_kwargs(rewards.REWARDS, spec.name, spec.kwargs, f"rewards.{i}.kwargs")
+        _check_name(REWARDS, spec.name, f"rewards.{i}.name")
+        _check_kwargs(REWARDS, spec.name, spec.kwargs, f"rewards.{i}.kwargs")
 
 
 def validate(cfg: Config) -> None:

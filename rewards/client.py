@@ -13,7 +13,7 @@ import urllib.request
 from typing import Any
 
 from mmgrpo.errors import UserError
-from rewards.base import Reward
+from mmgrpo.reward import Reward, set_url_client
 from rewards.wire import encode_sample
 
 TOKEN_ENV = "MMGRPO_REWARDS_TOKEN"  # read by the client and by `mmgrpo serve-rewards` when no token is passed
@@ -81,6 +81,9 @@ class HttpReward(Reward):
         }
         scores = self._request("POST", payload)["scores"]
         return [float("nan") if s is None else s for s in scores]
+
+
+set_url_client(HttpReward)  # the core's load() hands every http(s):// name to this client
 
 
 def request_json(

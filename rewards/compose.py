@@ -1,117 +1,16 @@
-"""Composition: RewardSet (named weighted rewards -> [N, R] and total), Trust-GRPO weighting, GRPO-CARE bonus.
+"""Composition rewards: Trust-GRPO weighting and the GRPO-CARE bonus; RewardSet re-exported from the core.
 
 The maths (trust_weight, consistency_bonus) are pure functions on [B, G]; the wrappers only route samples and fields.
+RewardSet (named weighted rewards -> [N, R] and total) is the engine's, so it lives in mmgrpo/reward.py.
 """
 
-import inspect
 import math
-from collections.abc import Sequence
-from typing import Any
 
 import torch
 from torch import Tensor
 
-from rewards.api import REWARDS, Reward, RewardError, as_sample_list, load
-
-
-def _spec(i: int, spec: Any) -> tuple[str, float, dict, str]:
-    if isinstance(spec, str):
-        spec = {"name": spec}
-    if not isinstance(spec, dict) or "name" not in spec:
-        raise ValueError(
-            f"reward spec {i} must be a dict with a 'name' (and optional 'weight', 'kwargs', 'label'), got {spec!r}"
-        )
-    extra = set(spec) - {"name", "weight", "kwargs", "label"}
-    if extra:
-        raise ValueError(
-            f"reward spec {i} ({spec['name']!r}) has unknown key(s) {sorted(extra)}; use name, weight, kwargs, label"
-        )
-    weight = spec.get("weight", 1.0)
-    if not isinstance(weight, int | float) or not math.isfinite(weight):
-        raise ValueError(f"reward spec {i} ({spec['name']!r}): weight={weight!r} must be a finite number")
-    kwargs = dict(spec.get("kwargs") or {})
-    return spec["name"], float(weight), kwargs, str(spec.get("label") or spec["name"])
-
-
-def _with_defaults(name: str, kwargs: dict, defaults: dict) -> dict:
-    """Add device/dtype to kwargs when the factory accepts them and the spec did not set them."""
-    if name.startswith(("http://", "https://")):
-        return kwargs
-    params = inspect.signature(REWARDS.get(name)).parameters
-    return {**{k: v for k, v in defaults.items() if k in params and k not in kwargs}, **kwargs}
-
-
-class RewardSet:
-    """Named rewards with weights: `reward_set(samples, prompts, group_size=G, **fields) -> ([N, R], [N])`.
-
-    The per-reward scores [N, R] are what GDPO normalises one by one; total = per_reward @ weights.
-    Specs: [{"name": "pickscore", "weight": 1.0, "kwargs": {...}}, ...]; a name may also be an HTTP URL.
-    Each reward receives only the fields it declares. NaN/inf scores pass through untouched (the trainer reports them).
-    """
-
-    def __init__(
-        self, specs: Sequence[dict | str], *, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-    ):
-        if not specs:
-            raise ValueError("RewardSet needs at least one reward spec, e.g. [{'name': 'format', 'weight': 1.0}]")
-        parsed = [_spec(i, s) for i, s in enumerate(specs)]
-        for name, _, kwargs, _ in parsed:
-            if not name.startswith(("http://", "https://")):
-                REWARDS.get(name)  # unknown name -> ValueError listing the choices, before any model loads
-                REWARDS.check_kwargs(name, kwargs, field=f"reward {name!r} kwargs")
-        # labels name the columns (metrics reward/<label>/mean); one reward may appear twice with other kwargs
-        self.names = [label for _, _, _, label in parsed]
-        if len(set(self.names)) != len(self.names):
-            raise ValueError(
-                f"reward labels must be unique in a RewardSet, got {self.names}; give repeated "
-                "rewards a 'label', e.g. {name: shapes_geneval, label: strict, kwargs: {mode: strict}}"
-            )
-        self.weights = torch.tensor([w for _, w, _, _ in parsed], dtype=torch.float32)  # [R]
-        defaults = {"device": device, "dtype": dtype}
-        self.rewards = [load(name, **_with_defaults(name, kw, defaults)) for name, _, kw, _ in parsed]
-
-    def __len__(self) -> int:
-        return len(self.rewards)
-
-    def __call__(
-        self, samples: Any, prompts: Sequence[str] | None = None, *, group_size: int | None = None, **fields: Any
-    ) -> tuple[Tensor, Tensor]:
-        samples = as_sample_list(samples)
-        cols = [
-            self._score_one(name, r, samples, prompts, group_size, fields) for name, r in zip(self.names, self.rewards)
-        ]
-        per_reward = torch.stack(cols, dim=1)  # [N, R]
-        total = per_reward @ self.weights  # [N]
-        return per_reward, total
-
-    def _score_one(self, name: str, reward: Reward, samples: list, prompts, group_size, fields) -> Tensor:
-        mine = {k: v for k, v in fields.items() if k in getattr(reward, "fields", ())}
-        if reward.kind == "groupwise":
-            mine["group_size"] = group_size
-        try:
-            return reward(samples, prompts, **mine)
-        except Exception as err:
-            index = _find_failing(reward, samples, prompts, mine) if reward.kind == "pointwise" else None
-            where = f"on sample {index}" if index is not None else "on the batch (no single sample fails alone)"
-            raise RewardError(
-                f"reward {name!r} failed {where} ({type(err).__name__}): {err}", reward_name=name, sample_index=index
-            ) from err
-
-
-def _find_failing(reward: Reward, samples: list, prompts, fields: dict) -> int | None:
-    """Re-score one sample at a time (only after the batch call failed) and return the first failing index."""
-    if len(samples) < 2:
-        return 0
-    for i in range(len(samples)):
-        one = {
-            k: (v[i : i + 1] if v is not None and hasattr(v, "__getitem__") and not isinstance(v, str) else v)
-            for k, v in fields.items()
-        }
-        try:
-            reward(samples[i : i + 1], None if prompts is None else list(prompts)[i : i + 1], **one)
-        except Exception:  # noqa: BLE001  whatever the batch raised, a sample raising alone is the culprit
-            return i
-    return None
+from mmgrpo.reward import RewardSet, parse_spec  # noqa: F401  RewardSet re-exported: rewards.compose.RewardSet
+from rewards.api import REWARDS, Reward, load
 
 
 def trust_weight(
@@ -238,7 +137,7 @@ def trust_grpo(
     """Trust-GRPO: outcome reward + annealed, trust-weighted thinking reward (groupwise; field `step`)."""
 
     def sub(spec):
-        name, _, kwargs, _ = _spec(0, spec)
+        name, _, kwargs, _ = parse_spec(0, spec)
         return load(name, **kwargs)
 
     return TrustGRPO(
@@ -282,5 +181,5 @@ def grpo_care(
     *, accuracy: str | dict = "accuracy", margin: float = 0.01, coef: float = 0.5, min_accuracy: float = 0.1
 ) -> Reward:
     """GRPO-CARE: accuracy plus a consistency bonus from field `likelihood` (groupwise hook for the VLM pipeline)."""
-    name, _, kwargs, _ = _spec(0, accuracy)
+    name, _, kwargs, _ = parse_spec(0, accuracy)
     return CareBonus(load(name, **kwargs), margin=margin, coef=coef, min_accuracy=min_accuracy)

@@ -20,9 +20,8 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
+from mmgrpo.reward import Reward, with_defaults
 from rewards.api import load
-from rewards.base import Reward
-from rewards.compose import _with_defaults
 from rewards.wire import decode_sample
 
 MAX_BODY = 256 * 1024 * 1024
@@ -334,5 +333,5 @@ def make_server(
     if not names:
         raise ValueError("serve at least one reward, e.g. --rewards pickscore,clip_score")
     defaults = {k: v for k, v in (("device", device), ("dtype", dtype)) if v is not None}
-    rewards = {n: load(n, **_with_defaults(n, dict((reward_kwargs or {}).get(n, {})), defaults)) for n in names}
+    rewards = {n: load(n, **with_defaults(n, dict((reward_kwargs or {}).get(n, {})), defaults)) for n in names}
     return RewardServer(rewards, host=host, port=port, token=token, **kw)
