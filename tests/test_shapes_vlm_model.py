@@ -36,7 +36,7 @@ def test_targets_fit_the_recipes_token_budget_and_score_full_marks(tok):
     # the longest answers: "yellow" (colour), "triangle" (shape), a two-digit count
     for kind in QUESTION_TYPES:
         for answer in ("yellow", "triangle", "12"):
-            text = P.target_text("vqa", {"category": kind, "answers": answer})
+            text = P.target_text("vqa", {"category": kind, "answers": answer} | POSITION_RECORD)
             assert len(tok(text, add_special_tokens=False)["input_ids"]) <= 24  # configs/vlm/shapes_vqa.yaml
             assert fmt([text], prompts=None).tolist() == [1.0]
             assert acc([text], prompts=None, answers=[answer]).tolist() == [1.0]
@@ -45,6 +45,29 @@ def test_targets_fit_the_recipes_token_budget_and_score_full_marks(tok):
     assert len(tok(text, add_special_tokens=False)["input_ids"]) <= 32  # configs/video/shapes_grounding.yaml
     assert fmt([text], prompts=None).tolist() == [1.0]
     assert iou([text], prompts=None, spans=[[5.75, 6.0]]).tolist() == [1.0]
+
+
+POSITION_RECORD = {
+    "prompt": "Is the yellow triangle left of the blue square?",
+    "objects": [
+        {"shape": "square", "color": "blue", "cx": 0.80, "cy": 0.10, "size": 0.1},
+        {"shape": "triangle", "color": "yellow", "cx": 0.30, "cy": 0.74, "size": 0.1},
+    ],
+}
+
+
+def test_position_thinks_in_the_token_grid_by_hand():
+    from mmgrpo_shapes.vqa_think import position_think
+
+    # 4 x 4 visual tokens: column = floor(4 cx), row = floor(4 cy). Triangle cx 0.30 -> 1, square 0.80 -> 3; "above"
+    # reads rows: triangle cy 0.74 -> 2, square 0.10 -> 0; the named order is kept, whatever the objects' order
+    assert position_think(POSITION_RECORD) == "x 1 3"
+    above = POSITION_RECORD | {"prompt": "Is the blue square above the yellow triangle?"}
+    assert position_think(above) == "y 0 2"
+    edge = {"prompt": "Is the red circle left of the blue square?", "objects": [
+        {"shape": "circle", "color": "red", "cx": 0.0, "cy": 0.5, "size": 0.1},
+        {"shape": "square", "color": "blue", "cx": 1.0, "cy": 0.5, "size": 0.1}]}
+    assert position_think(edge) == "x 0 3"  # cx = 1.0 clamps to the last column
 
 
 def test_collate_labels_only_the_completion():

@@ -21,16 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from mmgrpo_shapes.dense import TowerTap, log_losses, optimizer, stage_one
+from mmgrpo_shapes.vqa_think import THINK, position_think
 
-THINK = {
-    "count": "Count them.",
-    "color": "Find it.",
-    "shape": "Find it.",
-    "existence": "Search.",
-    "position": "Compare.",  # the old fixed think; `position_think` replaced it
-    "arithmetic": "Count, sum.",
-}
-"""the fixed reasoning text per VQA question type: short, so every completion fits the recipes' max_new_tokens=24"""
 GROUNDING_TEMPLATE = "<think>Find the event.</think><answer>{start:.2f} to {end:.2f}</answer>"
 """31 tokens with the byte-level tokenizer (tags are one token each): fits configs/video's max_new_tokens=32"""
 TASKS = ("vqa", "grounding")
@@ -94,28 +86,6 @@ def encoder(task: str, processor) -> Any:
 
 
 # ----- data
-GRID = 4
-"""visual tokens per side (8 x 8 patches merged 2 x 2): the rows and columns the dense position targets teach"""
-
-
-def position_think(record: dict[str, Any]) -> str:
-    """Position's think: the two named objects' token columns ("left of") or rows ("above"), e.g. "x 0 2" -> yes.
-    Why: with a fixed "Compare." the model scored 0.58 on test although its tower reads its own row and column at
-    1.00 (--dense-position); written out, each number is read from the object's token, and the answer compares two
-    digits. Two objects share a column in 2 of 3,000 train questions (answers are only asked when the relation
-    clearly holds), so the digits decide nearly every answer."""
-    import re
-
-    axis, key = ("x", "cx") if " left of " in record["prompt"] else ("y", "cy")
-    names = re.findall(r"the (\w+ \w+)", record["prompt"])[:2]
-    cells = []
-    for name in names:
-        color, shape = name.split()
-        obj = next(o for o in record["objects"] if o["color"] == color and o["shape"] == shape)
-        cells.append(str(min(GRID - 1, int(obj[key] * GRID))))
-    return f"{axis} {' '.join(cells)}"
-
-
 def target_text(task: str, record: dict[str, Any]) -> str:
     """The SFT completion: a think per question type (fixed text, or `position_think`), then the answer (VQA) or
     the span (grounding)."""
