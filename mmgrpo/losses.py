@@ -8,65 +8,12 @@ import inspect
 import torch
 from torch import Tensor
 
+from mmgrpo.loss_inputs import _MAX_LOG_RATIO, _check_inputs, _float_dtype, _masked_mean, _ratio_metrics
 from mmgrpo.registry import Registry
 
 POLICY_LOSSES = Registry("policy loss")
 AGGREGATIONS = Registry("aggregation mode")
 KL = Registry("KL estimator")
-
-# exp(20) ~ 4.9e8: far past any clip range, and exp() of the clamped value cannot overflow (verl clamps the same)
-_MAX_LOG_RATIO = 20.0
-
-
-def _float_dtype(t: Tensor) -> torch.dtype:
-    # upcast half precision: bf16 keeps ~3 significant digits, too few for ratios near 1 +- 0.2
-    return torch.promote_types(t.dtype, torch.float32)
-
-
-def _check_inputs(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Validate shapes; return the bool mask [N, K] and adv as [N, K] with masked elements zeroed (no NaN leaks)."""
-    if logp.dim() != 2:
-        raise ValueError(
-            f"logp must be [N, K] (sequences x tokens or denoising steps), got shape "
-            f"{tuple(logp.shape)}; for one element per sample pass logp.unsqueeze(-1)"
-        )
-    if old_logp.shape != logp.shape:
-        raise ValueError(
-            f"old_logp {tuple(old_logp.shape)} != logp {tuple(logp.shape)}: both are per-element "
-            f"log-probs of the same rollout; recompute old_logp over the same [N, K] elements"
-        )
-    if mask.shape != logp.shape:
-        raise ValueError(
-            f"mask {tuple(mask.shape)} != logp {tuple(logp.shape)}: the mask marks which of logp's "
-            f"elements count; build it with logp's [N, K] shape"
-        )
-    n, k = logp.shape
-    if adv.shape == (n,):
-        adv = adv[:, None].expand(n, k)  # [N, K]
-    elif adv.shape != (n, k):
-        raise ValueError(
-            f"adv {tuple(adv.shape)} must be [N]=({n},) or [N, K]=({n}, {k}) to match logp "
-            f"{tuple(logp.shape)}; pass one advantage per sequence or one per element"
-        )
-    valid = mask.bool()  # [N, K]
-    dtype = _float_dtype(logp)
-    return valid, torch.where(valid, adv.to(dtype), 0.0)  # [N, K]
-
-
-def _masked_mean(x: Tensor, valid: Tensor) -> Tensor:
-    return torch.where(valid, x, 0.0).sum() / valid.sum().clamp_min(1)
-
-
-@torch.no_grad()
-def _ratio_metrics(ratio: Tensor, log_ratio: Tensor, valid: Tensor) -> dict[str, Tensor]:
-    """ratio mean and population std over unmasked elements, and k3 KL(pi_old || pi_theta) from the token log-ratio."""
-    mean = _masked_mean(ratio, valid)
-    lr = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [N, K]
-    return {
-        "ratio/mean": mean,
-        "ratio/std": _masked_mean((ratio - mean) ** 2, valid).sqrt(),
-        "kl/old_approx": _masked_mean(lr.exp() - 1 - lr, valid),
-    }
 
 
 def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None, level: str) -> None:
@@ -83,6 +30,30 @@ def _check_clip(clip_low: float, clip_high: float, dual_clip: float | None, leve
         )
     if level not in ("token", "sequence"):
         raise ValueError(f"level must be 'token' (per-element ratio) or 'sequence' (GSPO), got {level!r}")
+
+
+def _ratios(logp: Tensor, old_logp: Tensor, valid: Tensor, level: str) -> tuple[Tensor, Tensor]:
+    """Token log-ratios [N, K] (0 where masked) and the clamped ratio [N, K] the loss uses (per token or GSPO's)."""
+    dtype = _float_dtype(logp)
+    log_ratio = torch.where(valid, logp.to(dtype) - old_logp.to(dtype), 0.0)  # [N, K]
+    used = log_ratio
+    if level == "sequence":
+        seq = log_ratio.sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp_min(1)  # [N, 1]
+        used = log_ratio - log_ratio.detach() + seq.detach()  # [N, K]: value s_i, gradient GSPO-token's
+    return log_ratio, used.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()  # [N, K], [N, K]
+
+
+@torch.no_grad()
+def _clip_metrics(
+    ratio: Tensor, log_ratio: Tensor, adv: Tensor, valid: Tensor, dual: Tensor, clip_low: float, clip_high: float
+) -> dict[str, Tensor]:
+    """_ratio_metrics plus the fractions of unmasked elements where the upper, lower and dual clips bind."""
+    r, dtype = ratio.detach(), ratio.dtype
+    metrics = _ratio_metrics(r, log_ratio.detach(), valid)
+    metrics["clip/upper_frac"] = _masked_mean(((adv > 0) & (r > 1 + clip_high)).to(dtype), valid)
+    metrics["clip/lower_frac"] = _masked_mean(((adv < 0) & (r < 1 - clip_low)).to(dtype), valid)
+    metrics["clip/dual_frac"] = _masked_mean(dual.to(dtype), valid)
+    return metrics
 
 
 @POLICY_LOSSES.register("clipped")
@@ -130,26 +101,14 @@ def policy_loss(
     """
     valid, adv = _check_inputs(logp, old_logp, adv, mask)
     _check_clip(clip_low, clip_high, dual_clip, level)
-    dtype = _float_dtype(logp)
-    log_ratio = torch.where(valid, logp.to(dtype) - old_logp.to(dtype), 0.0)  # [N, K]
-    used = log_ratio
-    if level == "sequence":
-        seq = log_ratio.sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp_min(1)  # [N, 1]
-        used = log_ratio - log_ratio.detach() + seq.detach()  # [N, K]
-    ratio = used.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO).exp()  # [N, K]
+    log_ratio, ratio = _ratios(logp, old_logp, valid, level)  # [N, K], [N, K]
     loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high))  # [N, K]
-    dual = torch.zeros_like(valid)
+    dual = torch.zeros_like(valid)  # [N, K]
     if dual_clip is not None:
         dual = (adv < 0) & (loss > -adv * dual_clip)  # [N, K]
-        loss = torch.where(dual, -adv * dual_clip, loss)
+        loss = torch.where(dual, -adv * dual_clip, loss)  # [N, K]
     loss = torch.where(valid, loss, 0.0)  # [N, K]
-    with torch.no_grad():
-        r = ratio.detach()
-        metrics = _ratio_metrics(r, log_ratio.detach(), valid)
-        metrics["clip/upper_frac"] = _masked_mean(((adv > 0) & (r > 1 + clip_high)).to(dtype), valid)
-        metrics["clip/lower_frac"] = _masked_mean(((adv < 0) & (r < 1 - clip_low)).to(dtype), valid)
-        metrics["clip/dual_frac"] = _masked_mean(dual.to(dtype), valid)
-    return loss, metrics
+    return loss, _clip_metrics(ratio, log_ratio, adv, valid, dual, clip_low, clip_high)
 
 
 def _check_reg(n: int, group_size: int | None, reduce: str, eps: float, ddof: int) -> None:

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmgrpo.advantages import ADVANTAGES, _check_number, _check_rewards, _out
-from mmgrpo.losses import POLICY_LOSSES, _check_inputs, _float_dtype
+from mmgrpo.loss_inputs import _check_inputs, _float_dtype
+from mmgrpo.losses import POLICY_LOSSES
 
 
 def _check_dpo(n: int, group_size: int | None, beta: float, label_smoothing: float) -> None:

@@ -6,7 +6,8 @@ Importing this module registers "dispo" in mmgrpo.losses.POLICY_LOSSES (mmgrpo/_
 import torch
 from torch import Tensor
 
-from mmgrpo.losses import _MAX_LOG_RATIO, POLICY_LOSSES, _check_inputs, _float_dtype, _masked_mean, _ratio_metrics
+from mmgrpo.loss_inputs import _MAX_LOG_RATIO, _check_inputs, _float_dtype, _masked_mean, _ratio_metrics
+from mmgrpo.losses import POLICY_LOSSES
 
 
 @POLICY_LOSSES.register("dispo", paper="arXiv:2602.00983")

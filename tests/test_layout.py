@@ -45,7 +45,6 @@ _SPLIT = "issue 17 (split by responsibility)"
 ALLOWED_LARGE: dict[str, tuple[int, str]] = {
     "bench/flow.py::main": (73, _SPLIT),
     "bench/flow.py::tree_section": (66, _SPLIT),
-    "mmgrpo/losses.py::policy_loss": (73, _SPLIT),
     "mmgrpo_shapes/programs/pretrain_t2i.py": (455, _SPLIT),
     "mmgrpo_shapes/programs/pretrain_t2i.py::pretrain": (72, _SPLIT),
     "pipelines/video/policy.py::VideoPolicy.rollout": (67, _SPLIT),
