@@ -47,7 +47,6 @@ ALLOWED_LARGE: dict[str, tuple[int, str]] = {
     "bench/flow.py::tree_section": (66, _SPLIT),
     "mmgrpo_shapes/programs/pretrain_t2i.py": (455, _SPLIT),
     "mmgrpo_shapes/programs/pretrain_t2i.py::pretrain": (72, _SPLIT),
-    "pipelines/video/policy.py::VideoPolicy.rollout": (67, _SPLIT),
 }
 
 

@@ -160,6 +160,30 @@ class VideoPolicy(VLMPolicy):
         k = max(p.shape[1] for p in parts)
         return torch.cat([nn.functional.pad(p, (0, k - p.shape[1]), value=pad) for p in parts])
 
+    def _group(self, record: dict[str, Any], seed: int, group_size: int) -> dict[str, Any]:
+        """One prompt's group: encoding, G completions (augmented, ground truth injected) and shuffled-frame view."""
+        m = self.m
+        enc = self.encode(record, seed=seed)
+        n_gen = group_size - 1 if m.inject_ground_truth else group_size
+        comp, lengths = self._sample(enc, n_gen, seed)  # [n_gen, K], [n_gen]
+        view, level = {"record": record, "noise_seed": None}, None
+        if self.augment_reward is not None:
+            enc, comp, lengths, view, level = self._augment(record, enc, comp, lengths, seed)
+        flags = [False] * n_gen
+        if m.inject_ground_truth:
+            gt = self._ground_truth(record)  # [1, T]
+            comp = self._pad_cat([comp, gt], self.tokenizer.pad_token_id)  # [G, K]
+            lengths = torch.cat([lengths, torch.tensor([gt.shape[1]], device=lengths.device)])  # [G]
+            flags.append(True)
+        shuf = shuffled = None
+        if m.temporal != "none":
+            shuf = self.encode(view["record"], seed=seed, noise_seed=view["noise_seed"], shuffle_seed=seed + 1)
+            if m.temporal == "generate":
+                s_comp, s_len = self._sample(shuf, m.temporal_samples or max(group_size // 2, 1), seed + 2)
+                shuffled = self._texts(s_comp, s_len)
+        return {"enc": enc, "comp": comp, "lengths": lengths, "flags": flags, "shuf": shuf, "shuffled": shuffled,
+                "level": level}
+
     @torch.no_grad()
     def rollout(self, prompts: list[dict[str, Any]], group_size: int, seeds: list[int]) -> Rollout:
         self.module.eval()
@@ -167,43 +191,20 @@ class VideoPolicy(VLMPolicy):
         if m.inject_ground_truth and group_size < 2:
             raise ValueError(f"inject_ground_truth needs sample.group_size >= 2 (G - 1 sampled + 1 ground truth), "
                              f"got {group_size}")
-        encs, shuffled_encs, comps, lens, injected, shuffled_texts, levels = [], [], [], [], [], [], []
-        for record, seed in zip(prompts, seeds):
-            seed = int(seed)
-            enc = self.encode(record, seed=seed)
-            n_gen = group_size - 1 if m.inject_ground_truth else group_size
-            comp, lengths = self._sample(enc, n_gen, seed)
-            view = {"record": record, "noise_seed": None}
-            if self.augment_reward is not None:
-                enc, comp, lengths, view, level = self._augment(record, enc, comp, lengths, seed)
-                levels.append(level)
-            flags = [False] * n_gen
-            if m.inject_ground_truth:
-                gt = self._ground_truth(record)
-                comp = self._pad_cat([comp, gt], pad)
-                lengths = torch.cat([lengths, torch.tensor([gt.shape[1]], device=lengths.device)])
-                flags.append(True)
-            if m.temporal != "none":
-                shuf = self.encode(view["record"], seed=seed, noise_seed=view["noise_seed"], shuffle_seed=seed + 1)
-                if m.temporal == "generate":
-                    s_comp, s_len = self._sample(shuf, m.temporal_samples or max(group_size // 2, 1), seed + 2)
-                    shuffled_texts += [self._texts(s_comp, s_len)] * group_size
-                shuffled_encs += [shuf] * group_size
-            encs += [enc] * group_size
-            comps.append(comp)
-            lens.append(lengths)
-            injected += flags
+        groups = [self._group(record, int(seed), group_size) for record, seed in zip(prompts, seeds)]
+        encs = [g["enc"] for g in groups for _ in range(group_size)]
+        levels = [g["level"] for g in groups] if self.augment_reward is not None else []
         if levels:
             self._match_generate_calls(sum(lv is not None for lv in levels), encs[-1])
-        completions = self._pad_cat(comps, pad)  # [N, K]
-        lengths = torch.cat(lens)  # [N]
+        completions = self._pad_cat([g["comp"] for g in groups], pad)  # [N, K]
+        lengths = torch.cat([g["lengths"] for g in groups])  # [N]
         mask = torch.arange(completions.shape[1], device=completions.device)[None] < lengths[:, None]  # [N, K]
-        completions = torch.where(mask, completions, pad)
+        completions = torch.where(mask, completions, pad)  # [N, K]
         # old_logp of every member, the injected ground truth included, is its log-prob under the rollout policy from
         # this forward pass: the first ratio is exactly 1 and clipping bounds the move away from that policy
         old_logp = self._score(self.module, encs, completions, lengths, group_size)  # [N, K]
         texts = self._texts(completions, lengths)
-        inj = torch.tensor(injected, dtype=torch.bool)
+        inj = torch.tensor([f for g in groups for f in g["flags"]], dtype=torch.bool)  # [N]
         extras = {"completion_ids": completions, "lengths": lengths, "prompt_enc": encs, "injected": inj,
                   "reward_fields": {"lengths": lengths.tolist()}}
         metrics = {"rollout/length_mean": float(lengths.float().mean()),
@@ -211,8 +212,9 @@ class VideoPolicy(VLMPolicy):
                    "video/frames_mean": sum(len(e["_timestamps"]) for e in encs) / len(encs)}
         extras["reward_fields"].update(self._context_fields(len(texts)))
         if m.temporal == "generate":
-            extras["reward_fields"]["shuffled_samples"] = shuffled_texts
+            extras["reward_fields"]["shuffled_samples"] = [g["shuffled"] for g in groups for _ in range(group_size)]
         if m.temporal == "logp_gap":
+            shuffled_encs = [g["shuf"] for g in groups for _ in range(group_size)]
             gap = self._logp_gap(old_logp, shuffled_encs, completions, lengths, mask, group_size)  # [N]
             extras["reward_fields"]["temporal_gap"] = gap.tolist()
             metrics["temporal/gap_mean"] = float(gap.mean())
