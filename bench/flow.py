@@ -138,16 +138,22 @@ def split(f: dict) -> str:
 # ---- the report
 
 
-def tree_section(res: dict, setting: dict, fwd: float, gflops: float) -> tuple[str, dict]:
-    from pipelines.flow.plan import count_nfe, depth_of_steps
-
-    rows, figs, arms = [], {}, res["arms"]
-    for n, outs in res["outs"].items():
+def arm_figures(outs_by_arm: dict[str, list[dict]], fwd: float, gflops: float) -> tuple[dict, list[list]]:
+    """Each arm's figures() (plus short names roll, train, sec) and its row of the raw-data table (FLOPs, achieved)."""
+    rows, figs = [], {}
+    for n, outs in outs_by_arm.items():
         f = figs[n] = figures(outs)
         f.update(roll=f["rollout_rows"], train=f["train_rows"], sec=f["seconds"])
         flops = fwd * (f["roll"] + 3 * f["train"])  # a backward costs about two forwards
         rows.append([n, int(f["roll"]), int(f["train"]), int(f["trained"]), split(f), f"{flops / 1e9:.1f}",
                      f"{flops / f['sec'] / 1e9 / gflops:.0%}"])
+    return figs, rows
+
+
+def tree_section(res: dict, setting: dict, fwd: float, gflops: float) -> tuple[str, dict]:
+    from pipelines.flow.plan import count_nfe, depth_of_steps
+
+    arms, (figs, rows) = res["arms"], arm_figures(res["outs"], fwd, gflops)
     ind = figs["independent"]
     g_ind = {m: gain(arms["independent"].curve, m, "iteration") for m in ("partial", "strict")}
     table = []
@@ -304,7 +310,33 @@ def main(argv: list[str] | None = None) -> None:
     pngs = plots(extra["figs"], wextra["curves"])
     kw, g = base["pipeline"]["kwargs"], base["sample"]["group_size"]
     cmd = f"python bench/flow.py{' --quick' if args.quick else ''}"
-    setting_md = (
+    wa = WINDOW_ARMS["window (MixGRPO)"][1]
+    window_title = (
+        f"### (b) Window (MixGRPO: SDE on {wa['window_size']} of {kw['num_steps']} steps, ODE outside, same-noise groups, moving every "
+        f"{wa['window_every']} iterations) and few-step (Flow-GRPO-Fast as the recipe runs it: "
+        f"{kw['plan_kwargs']['sde_steps']} SDE step, branch at step {kw['plan_kwargs']['branch_range']}) vs "
+        f"all-step training, {budget:.0f} training seconds per arm")
+    md = "\n".join([
+        "## Flow: tree vs independent rollouts; window and few-step vs all-step training (ShapesWorld)", "",
+        f"`{cmd}`, {now_utc()}, {time.perf_counter() - t_start:.0f} s. Machine: {machine()}.", "",
+        setting_md(base, setting, n_params, spec, evaluator), "",
+        (f"### (a) Tree (BranchGRPO) vs independent rollouts, {g} leaves and {kw['num_steps']} steps each, "
+         f"{setting['rounds']} counted round-robin iterations per arm after {setting['warmup']} warm-up"), "",
+        tree_md, "", window_title, "", window_md, "",
+        "Plots: " + ", ".join(f"![{p}](plots/{p})" for p in pngs), "",
+        "### Targets (issue 9) and what stands in the way", "",
+        _verdict(tree, extra, wextra),
+    ])
+    path = write_section("flow", md)
+    write_summary("flow", summary_rows(tree, wextra, g, kw["num_steps"], budget))
+    print(md)
+    print(f"\nwrote {path}")
+
+
+def setting_md(base: dict, setting: dict, n_params: dict, spec: str, evaluator: Evaluator) -> str:
+    """The report's Setting paragraph: the recipe, what the bench changes in it, and how arms are evaluated."""
+    kw, g = base["pipeline"]["kwargs"], base["sample"]["group_size"]
+    return (
         f"Setting: every arm is `configs/flow/shapes_t2i.yaml` (the `make demo` recipe) with only the rollout plan "
         f"changed: the shipped ShapesWorld text-to-image model (assets/shapes-t2i, SD3 transformer in pixel space, "
         f"{n_params['transformer'] / 1e6:.2f} M parameters, LoRA r{kw['lora_rank']} = "
@@ -317,30 +349,10 @@ def main(argv: list[str] | None = None) -> None:
         f"{setting['prompts_per_iter']} prompts per iteration (the recipe has {base['sample']['batch_size'] // g}), "
         f"k_chunk {setting['k_chunk']} in every arm (one trained step per backward: with k_chunk null the all-step "
         f"arm's 8-step backward ran about 2x slower per transition on this CPU, which would flatter the others), "
-        f"seed {setting['seed']}. Evaluation: {len(records)} prompts of `{spec}` (never trained on) x {per_prompt} "
-        f"fixed seeds = {len(records) * per_prompt} images, ODE sampling, strict and partial verifier accuracy "
-        f"(about {median(evaluator.seconds):.0f} s per evaluation, excluded from every timing).")
-    wa = WINDOW_ARMS["window (MixGRPO)"][1]
-    window_title = (
-        f"### (b) Window (MixGRPO: SDE on {wa['window_size']} of {kw['num_steps']} steps, ODE outside, same-noise groups, moving every "
-        f"{wa['window_every']} iterations) and few-step (Flow-GRPO-Fast as the recipe runs it: "
-        f"{kw['plan_kwargs']['sde_steps']} SDE step, branch at step {kw['plan_kwargs']['branch_range']}) vs "
-        f"all-step training, {budget:.0f} training seconds per arm")
-    md = "\n".join([
-        "## Flow: tree vs independent rollouts; window and few-step vs all-step training (ShapesWorld)", "",
-        f"`{cmd}`, {now_utc()}, {time.perf_counter() - t_start:.0f} s. Machine: {machine()}.", "",
-        setting_md, "",
-        (f"### (a) Tree (BranchGRPO) vs independent rollouts, {g} leaves and {kw['num_steps']} steps each, "
-         f"{setting['rounds']} counted round-robin iterations per arm after {setting['warmup']} warm-up"), "",
-        tree_md, "", window_title, "", window_md, "",
-        "Plots: " + ", ".join(f"![{p}](plots/{p})" for p in pngs), "",
-        "### Targets (issue 9) and what stands in the way", "",
-        _verdict(tree, extra, wextra),
-    ])
-    path = write_section("flow", md)
-    write_summary("flow", summary_rows(tree, wextra, g, kw["num_steps"], budget))
-    print(md)
-    print(f"\nwrote {path}")
+        f"seed {setting['seed']}. Evaluation: {len(evaluator.records)} prompts of `{spec}` (never trained on) x "
+        f"{evaluator.per_prompt} fixed seeds = {len(evaluator.records) * evaluator.per_prompt} images, ODE sampling, "
+        f"strict and partial verifier accuracy (about {median(evaluator.seconds):.0f} s per evaluation, excluded from "
+        f"every timing).")
 
 
 def _verdict(tree: dict, extra: dict, wextra: dict) -> str:
