@@ -253,3 +253,17 @@ def test_nft_policy_loss_maps_advantages_masks_and_needs_the_flow_inputs():
     assert_close(m["nft/r_mean"], t(1.0))
     with pytest.raises(ValueError, match="objective=nft"):
         losses.compute("nft", torch.zeros(2, 1), torch.zeros(2, 1), t([1.0, 0.0]), mask)
+
+
+def test_flow_settings_take_the_objective_names_from_the_registry(monkeypatch):
+    """FlowSettings.check accepts every name in OBJECTIVES (a plugin's too) and lists them when it rejects one."""
+    from mmgrpo.errors import UserError
+    from pipelines.flow.objectives import OBJECTIVES
+    from pipelines.flow.settings import FlowSettings
+
+    with pytest.raises(UserError, match=r"objective \('mine'\) must be grpo or nft \("):
+        FlowSettings(model="tiny:sd3", objective="mine").check()
+    monkeypatch.setitem(OBJECTIVES._items, "mine", object)
+    FlowSettings(model="tiny:sd3", objective="mine").check()
+    with pytest.raises(UserError, match=r"objective \('other'\) must be grpo or mine or nft \("):
+        FlowSettings(model="tiny:sd3", objective="other").check()

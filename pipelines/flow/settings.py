@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mmgrpo.errors import UserError
+from pipelines.flow.objectives import OBJECTIVES
 
 TORCH_DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 ATTENTION = ("sdpa", "xformers")
@@ -143,10 +144,10 @@ def check_flow_settings(s: FlowSettings) -> None:
         raise UserError(f"pipeline.kwargs: num_steps ({num_steps}) must be >= 1, lora_rank ({lora_rank}) >= 0 "
                         f"(0 = full fine-tuning) and k_chunk ({k_chunk}) null or >= 1")
     _dry_run_plan(plan, plan_kwargs or {}, num_steps=num_steps, sde=sde, same_noise=same_noise_per_group)
-    if objective not in ("grpo", "nft") or not 1 <= nft_steps <= num_steps:
-        raise UserError(f"pipeline.kwargs: objective ({objective!r}) must be grpo (SDE log-prob ratios, algo.loss "
-                        f"clipped) or nft (DiffusionNFT, algo.loss nft), and nft_steps ({nft_steps}) in 1..num_steps "
-                        f"({num_steps})")
+    if objective not in OBJECTIVES or not 1 <= nft_steps <= num_steps:
+        raise UserError(f"pipeline.kwargs: objective ({objective!r}) must be {' or '.join(OBJECTIVES.names())} "
+                        f"(pipelines/flow/objectives.py OBJECTIVES; grpo: SDE log-prob ratios, algo.loss clipped; nft: "
+                        f"DiffusionNFT, algo.loss nft), and nft_steps ({nft_steps}) in 1..num_steps ({num_steps})")
     _check_guard(objective, ratio_norm, step_weights)
     if torch_dtype is not None and torch_dtype not in TORCH_DTYPES:
         raise UserError(f"pipeline.kwargs.torch_dtype ({torch_dtype!r}) must be one of {sorted(TORCH_DTYPES)} or null")
