@@ -266,3 +266,14 @@ def test_vision_tower_once_per_group_in_the_rollout_too(cache):
         handle.remove()
     per_video = r.extras["prompt_enc"][0]["pixel_values_videos"].shape[0]
     assert seen == [per_video, per_video, 2 * per_video]  # generate group 1, group 2; one scoring forward: 2 videos
+
+
+def test_frame_defaults_live_in_frame_settings():
+    """VideoSettings' frame fields default to FrameSettings' (one source), and build maps them back unchanged."""
+    from pipelines.video.build import _frames
+    from pipelines.video.policy import FrameSettings as FromPolicy
+    from pipelines.video.settings import FrameSettings, VideoSettings
+
+    assert FromPolicy is FrameSettings  # the name mmgrpo_shapes and older code import still works
+    assert _frames(VideoSettings()) == FrameSettings()
+    assert _frames(VideoSettings(num_frames=3, frame_cache="/c")) == FrameSettings(num_frames=3, cache_dir="/c")

@@ -15,24 +15,9 @@ from torch import Tensor, nn
 from mmgrpo.types import Rollout
 from pipelines.video import methods as vm
 from pipelines.video.io import read_frames, sample_indices, video_info
+from pipelines.video.settings import FrameSettings
 from pipelines.vlm.methods import answer_token_mask
 from pipelines.vlm.policy import VLMPolicy
-
-
-@dataclass
-class FrameSettings:
-    """How frames are chosen and read (see io.sample_indices / io.read_frames)."""
-
-    mode: str = "count"
-    num_frames: int = 8
-    fps: float = 2.0
-    token_budget: int = 1024
-    pixels_per_frame: int = 128 * 28 * 28
-    min_frames: int = 2
-    max_frames: int = 64
-    strategy: str = "uniform"
-    backend: str = "auto"
-    cache_dir: str | None = None
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """The video pipeline's typed settings (`pipeline.kwargs` of `video`): the vlm pipeline's model settings
 (pipelines/vlm/settings.py `ModelSettings`, inherited, nothing re-declared) plus video records, frames and the
-method switches (T-GRPO, TempSamp-R1 ground-truth injection, Reg-GRPO augmentation). No model code here.
+method switches (T-GRPO, TempSamp-R1 ground-truth injection, Reg-GRPO augmentation), and the policy's FrameSettings,
+whose defaults the frame fields take. No model code here.
 """
 
 from dataclasses import dataclass
@@ -9,6 +10,23 @@ from mmgrpo.errors import UserError
 from pipelines.vlm.settings import ModelSettings, at_least
 
 TEMPORAL = ("none", "generate", "logp_gap")
+
+
+@dataclass
+class FrameSettings:
+    """How the video policy chooses and reads frames (io.sample_indices / io.read_frames): the one place their defaults
+    live; VideoSettings' frame fields (frame_mode, num_frames, ...) default to these and build.py maps them back."""
+
+    mode: str = "count"
+    num_frames: int = 8
+    fps: float = 2.0
+    token_budget: int = 1024
+    pixels_per_frame: int = 128 * 28 * 28
+    min_frames: int = 2
+    max_frames: int = 64
+    strategy: str = "uniform"
+    backend: str = "auto"
+    cache_dir: str | None = None
 
 
 @dataclass
@@ -31,25 +49,25 @@ class VideoSettings(ModelSettings):
     """skip (and count) records whose video is unreadable or whose prompt is too long, instead of stopping"""
     time_prompt: bool = True
     """tell the model each sampled frame's time in seconds"""
-    frame_mode: str = "count"
+    frame_mode: str = FrameSettings.mode
     """how many frames to read: count (num_frames), fps (frame_fps) or budget (token_budget)"""
-    num_frames: int = 8
+    num_frames: int = FrameSettings.num_frames
     """frames per video with frame_mode count (>= 1)"""
-    frame_fps: float = 2.0
+    frame_fps: float = FrameSettings.fps
     """frames per second with frame_mode fps"""
-    token_budget: int = 1024
+    token_budget: int = FrameSettings.token_budget
     """video tokens per clip with frame_mode budget"""
-    pixels_per_frame: int = 128 * 28 * 28
+    pixels_per_frame: int = FrameSettings.pixels_per_frame
     """pixel area each frame is resized to"""
-    min_frames: int = 2
+    min_frames: int = FrameSettings.min_frames
     """fewest frames read (>= 1)"""
-    max_frames: int = 64
+    max_frames: int = FrameSettings.max_frames
     """most frames read (>= min_frames)"""
-    frame_strategy: str = "uniform"
+    frame_strategy: str = FrameSettings.strategy
     """which frames: uniform or segment_random (one random frame per equal segment)"""
-    video_backend: str = "auto"
+    video_backend: str = FrameSettings.backend
     """video reader: auto, decord or av"""
-    frame_cache: str | None = None
+    frame_cache: str | None = FrameSettings.cache_dir
     """directory caching decoded frames; null = none"""
     temporal: str = "none"
     """T-GRPO signal: none, generate (Video-R1: extra rollouts on shuffled frames) or logp_gap (re-score, no
