@@ -64,9 +64,13 @@ def test_position_thinks_in_the_token_grid_by_hand():
     assert position_think(POSITION_RECORD) == "x 1 3"
     above = POSITION_RECORD | {"prompt": "Is the blue square above the yellow triangle?"}
     assert position_think(above) == "y 0 2"
-    edge = {"prompt": "Is the red circle left of the blue square?", "objects": [
-        {"shape": "circle", "color": "red", "cx": 0.0, "cy": 0.5, "size": 0.1},
-        {"shape": "square", "color": "blue", "cx": 1.0, "cy": 0.5, "size": 0.1}]}
+    edge = {
+        "prompt": "Is the red circle left of the blue square?",
+        "objects": [
+            {"shape": "circle", "color": "red", "cx": 0.0, "cy": 0.5, "size": 0.1},
+            {"shape": "square", "color": "blue", "cx": 1.0, "cy": 0.5, "size": 0.1},
+        ],
+    }
     assert position_think(edge) == "x 0 3"  # cx = 1.0 clamps to the last column
 
 
