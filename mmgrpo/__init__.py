@@ -14,6 +14,7 @@ from mmgrpo.sampling import SAMPLERS
 
 def train(cfg: Config):
     """Run training as configured (see mmgrpo.trainer.train)."""
+    # lazy: the trainer imports accelerate; `import mmgrpo` stays light
     from mmgrpo.trainer import train as _train
 
     return _train(cfg)

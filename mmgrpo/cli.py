@@ -8,8 +8,19 @@ import argparse
 import os
 import sys
 import traceback
+from pathlib import Path
 
+import yaml
+
+from mmgrpo import advantages, checkpoint, losses, reward, sampling
+from mmgrpo.config import load_config
+from mmgrpo.doctor import add_subcommand as add_doctor
+from mmgrpo.errors import TrainingStopped, UserError
+from mmgrpo.looking import format_looking
 from mmgrpo.plugins import PIPELINES, command_adders, load_plugins
+from mmgrpo.recipes import recipe_names, resolve_recipe
+from mmgrpo.report import refresh_report
+from mmgrpo.rundir import resume_command
 
 EXAMPLES = """examples:
   mmgrpo train configs/toy_count.yaml                      train the toy counting policy (seconds on a CPU)
@@ -41,8 +52,6 @@ def _split_special(items: list[str], keys: tuple[str, ...]) -> tuple[list[str], 
 
 def _int(special: dict[str, str], key: str, default: int) -> int:
     """A whole-number argument; >= 1 when its default is (counts and sizes), >= 0 otherwise (0: no limit)."""
-    from mmgrpo.errors import UserError
-
     least = 1 if default >= 1 else 0
     try:
         value = int(special.get(key, default))
@@ -56,15 +65,12 @@ def _int(special: dict[str, str], key: str, default: int) -> int:
 def _bool(special: dict[str, str], key: str) -> bool:
     value = special.get(key, "false").lower()
     if value not in ("true", "false"):
-        from mmgrpo.errors import UserError
-
         raise UserError(f"{key}={special[key]!r} must be true or false, e.g. {key}=true")
     return value == "true"
 
 
 def cmd_train(args) -> int:
-    from mmgrpo.config import load_config
-    from mmgrpo.rundir import resume_command
+    # lazy: the trainer imports accelerate; CLI start-up (`mmgrpo --help`) stays light
     from mmgrpo.trainer import train
 
     cfg = load_config(args.config, args.overrides)
@@ -87,10 +93,8 @@ EVAL_HELP = (
 
 
 def cmd_eval(args) -> int:
-    from mmgrpo.config import load_config
+    # lazy: evaluate imports accelerate; CLI start-up (`mmgrpo --help`) stays light
     from mmgrpo.evaluate import evaluate_run, format_table
-    from mmgrpo.looking import format_looking
-    from mmgrpo.report import refresh_report
 
     overrides, sp = _split_special(args.overrides, ("ckpt", "group_size", "limit", "ema", "ablate", "samples"))
     cfg = load_config(args.config, overrides)
@@ -116,8 +120,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_sample(args) -> int:
-    from mmgrpo.config import load_config
-    from mmgrpo.errors import UserError
+    # lazy: evaluate imports accelerate; CLI start-up (`mmgrpo --help`) stays light
     from mmgrpo.evaluate import sample
 
     overrides, sp = _split_special(args.overrides, ("ckpt", "out", "n", "group_size", "ema"))
@@ -141,18 +144,12 @@ def cmd_sample(args) -> int:
 
 
 def cmd_config(args) -> int:
-    import yaml
-
-    from mmgrpo.config import load_config
-
     print(yaml.safe_dump(load_config(args.config, args.overrides).to_dict(), sort_keys=False), end="")
     return 0
 
 
 def _recipes() -> dict[str, str]:
     """shipped recipe name -> the first line of its header comment (what it trains)."""
-    from mmgrpo.recipes import recipe_names, resolve_recipe
-
     out = {}
     for name in recipe_names():
         lines = resolve_recipe(name).read_text(encoding="utf-8").splitlines()
@@ -161,9 +158,6 @@ def _recipes() -> dict[str, str]:
 
 
 def cmd_list(args) -> int:
-    from mmgrpo import advantages, losses, reward, sampling
-    from mmgrpo.errors import UserError
-
     load_plugins()  # the installed packages register their pipelines and rewards
     tables = {
         "advantages": advantages.ADVANTAGES.describe,
@@ -226,7 +220,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="all, advantages, losses, aggregations, kl, samplers, pipelines, rewards, recipes",
     )
     sp.set_defaults(func=cmd_list)
-    from mmgrpo.doctor import add_subcommand as add_doctor
 
     add_doctor(sub)  # `mmgrpo doctor`: GPU smoke test (mmgrpo/doctor.py)
     for add in command_adders(lambda line: print(line, file=sys.stderr)):  # `rewards`, `serve-rewards`, `pretrain`...
@@ -239,8 +232,6 @@ def _one_line(err: BaseException) -> str:
 
 
 def _stopped_line(args, err) -> str:
-    from mmgrpo.rundir import resume_command
-
     line = f"mmgrpo: {_one_line(err)}"
     ckpt = getattr(err, "checkpoint", None)
     if ckpt is not None and getattr(args, "command", None) == "train":
@@ -254,12 +245,6 @@ def _resume_hint(args) -> str:
     if getattr(args, "command", None) != "train":
         return ""
     try:
-        from pathlib import Path
-
-        from mmgrpo import checkpoint
-        from mmgrpo.config import load_config
-        from mmgrpo.rundir import resume_command
-
         cfg = load_config(args.config, args.overrides)
         ckpt = checkpoint.latest_valid(Path(cfg.run.output_dir) / "checkpoints", log=lambda msg: None)
     except Exception:  # noqa: BLE001  only a hint: never hide the error being reported
@@ -284,7 +269,6 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    from mmgrpo.errors import TrainingStopped
 
     try:
         return int(args.func(args) or 0)

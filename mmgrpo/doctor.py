@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parent.parent
 FLOW = "configs/flow/sd3_tiny_cpu.yaml"
 VLM = "configs/vlm/shapes_vqa.yaml"
@@ -48,8 +50,6 @@ class Caps:
 
 def probe() -> Caps:
     """The capabilities of this machine: CUDA devices, bf16 support, NCCL, and the optional kernel/rollout packages."""
-    import torch
-
     cuda = torch.cuda.is_available()
     gpus = torch.cuda.device_count() if cuda else 0
     packages = frozenset(p for p in ("xformers", "flash_attn", "vllm") if importlib.util.find_spec(p) is not None)

@@ -74,7 +74,8 @@ def _source_entry_points(pyproject: Path, group: str = GROUP) -> dict[str, str]:
     if not pyproject.is_file():
         return {}  # an installed wheel: its metadata is complete
     try:
-        import tomllib  # Python >= 3.11; on 3.10 the installed metadata alone is used
+        # lazy: tomllib is Python >= 3.11; on 3.10 the installed metadata alone is used
+        import tomllib
     except ModuleNotFoundError:
         return {}
     data = tomllib.loads(pyproject.read_text(encoding="utf-8"))

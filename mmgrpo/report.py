@@ -126,9 +126,11 @@ def looking_table(result: dict[str, Any]) -> str:
 
 
 def _curve_png(rows: list[dict], keys: list[str], title: str) -> str | None:
+    # lazy: matplotlib is heavy to import (~0.6 s); only the report's plots need it
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: pyplot after matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 

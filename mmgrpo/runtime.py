@@ -13,7 +13,8 @@ from itertools import accumulate
 
 import torch
 from accelerate import Accelerator
-from accelerate.utils import DistributedType
+from accelerate.utils import DistributedType, gather_object
+from torch.profiler import ProfilerActivity, profile
 
 from mmgrpo.config import Config
 from mmgrpo.errors import UserError
@@ -130,7 +131,6 @@ def first_message(accelerator: Accelerator, message: str | None) -> str | None:
     """The lowest rank's non-empty message, on every rank (so every rank stops with the same explanation)."""
     if accelerator.num_processes == 1:
         return message
-    from accelerate.utils import gather_object
 
     return next((m for m in gather_object([message]) if m), None)
 
@@ -142,6 +142,7 @@ def is_sharded(accelerator: Accelerator) -> bool:
 
 def full_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Plain full tensors from possibly sharded ones (FSDP2 DTensors): a collective, so every rank calls it."""
+    # lazy: torch.distributed.tensor takes ~1 s to import; only FSDP runs need it
     from torch.distributed.tensor import DTensor
 
     return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in state.items()}
@@ -149,6 +150,7 @@ def full_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def shard_like(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """A full tensor laid out like `target`: sharded the same way when target is a DTensor, else unchanged."""
+    # lazy: torch.distributed.tensor takes ~1 s to import; only FSDP runs need it
     from torch.distributed.tensor import DTensor, distribute_tensor
 
     if isinstance(target, DTensor):
@@ -160,6 +162,7 @@ def optimizer_state(accelerator: Accelerator, model: torch.nn.Module, optimizer)
     """The optimizer state to checkpoint; under FSDP the full state gathered from every rank (all ranks call)."""
     if not is_sharded(accelerator):
         return optimizer.state_dict()
+    # lazy: torch.distributed.checkpoint is slow to import; only FSDP runs need it
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     return get_optimizer_state_dict(
@@ -171,6 +174,7 @@ def load_optimizer_state(accelerator: Accelerator, model: torch.nn.Module, optim
     if not is_sharded(accelerator):
         optimizer.load_state_dict(state)
         return
+    # lazy: torch.distributed.checkpoint is slow to import; only FSDP runs need it
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
     set_optimizer_state_dict(
@@ -199,7 +203,6 @@ def peak_bytes(fn, device: torch.device) -> int:
             f"algo.micro_batch_size=auto measures memory on CUDA or the CPU, not on {device.type}; "
             f"set algo.micro_batch_size to a number"
         )
-    from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
     with _quiet_stderr():  # kineto prints start/stop and "no GPU" lines from C++ that a user need not read

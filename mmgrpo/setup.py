@@ -14,6 +14,7 @@ import torch
 import yaml
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
+from tqdm.auto import tqdm
 
 from mmgrpo import checkpoint, rundir, sampling
 from mmgrpo.config import Config
@@ -149,6 +150,7 @@ def compile_module(cfg: Config, module: torch.nn.Module, acc: Accelerator) -> bo
             )
         return False
     try:
+        # lazy: torch._dynamo takes ~1 s to import; only run.compile needs it
         import torch._dynamo
 
         supported = torch._dynamo.is_dynamo_supported()
@@ -252,8 +254,6 @@ def setup(cfg: Config) -> Run:
         if cfg.run.trackers:
             acc.init_trackers(run_dir.name, config=_flat(cfg.to_dict()))
     if cfg.run.progress and acc.is_main_process:
-        from tqdm.auto import tqdm
-
         run.bar = tqdm(total=cfg.run.steps, initial=run.start_step, desc="mmgrpo", dynamic_ncols=True)
     return run
 

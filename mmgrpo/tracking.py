@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from PIL import Image
 
 
 def parse_metrics(text: str) -> list[dict[str, Any]]:
@@ -57,8 +58,6 @@ class MetricsLog:
 
 
 def _to_pil(image: Any):
-    from PIL import Image
-
     if isinstance(image, Image.Image):
         return image
     if isinstance(image, torch.Tensor):

@@ -11,6 +11,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+import torch
+
 from mmgrpo import advantages, budget, losses, phases, sampling
 from mmgrpo.errors import UserError
 from mmgrpo.plugins import PIPELINES, RESERVED_BUILD_KWARGS, load_plugins, pipeline_settings
@@ -143,8 +145,6 @@ def _check_finite(obj, where: str = "") -> None:
 def _dry_run(cfg: Config) -> None:
     """Call the advantage estimator and the policy loss once on a tiny made-up batch, so a bad value in their
     kwargs (std=grp, clip_low=-0.1, dual_clip=0.5) stops here and not after the model has loaded."""
-    import torch
-
     a, g = cfg.algo, cfg.sample.group_size
     kw = dict(a.advantage_kwargs)
     fn = advantages.ADVANTAGES.get(a.advantage)

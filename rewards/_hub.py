@@ -108,6 +108,7 @@ def hub_file(repo_or_path: str, filename: str, reward: str, kwarg: str) -> str:
         if not os.path.isfile(path):
             raise UserError(f"{kwarg}={repo_or_path!r} is a directory without {filename!r}; pass the file path")
         return path
+    # lazy: huggingface_hub adds ~0.25 s to `mmgrpo --help` (rewards load there); only downloads need it
     from huggingface_hub import hf_hub_download
 
     with loading(f"{repo_or_path}/{filename}", reward, kwarg, file=True):

@@ -129,6 +129,7 @@ def _decode(path: str, num_frames: int) -> list[np.ndarray]:
     if not Path(path).exists():
         raise ValueError(f"video file {path!r} does not exist")
     try:
+        # lazy: optional video backend (decord is x86_64 only); PyAV below otherwise
         import decord
 
         vr = decord.VideoReader(path, ctx=decord.cpu(0))
@@ -136,6 +137,7 @@ def _decode(path: str, num_frames: int) -> list[np.ndarray]:
         return list(vr.get_batch(idx).asnumpy())
     except ImportError:
         pass
+    # lazy: PyAV loads only when a video is decoded
     import av
 
     with av.open(path) as container:

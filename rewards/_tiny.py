@@ -7,8 +7,26 @@ import os
 from pathlib import Path
 
 import torch
+from transformers import (
+    BertTokenizer,
+    BlipConfig,
+    BlipForImageTextRetrieval,
+    CLIPConfig,
+    CLIPImageProcessor,
+    CLIPModel,
+    CLIPProcessor,
+    CLIPTokenizer,
+    TrOCRConfig,
+    TrOCRForCausalLM,
+    VisionEncoderDecoderModel,
+    ViTConfig,
+    ViTImageProcessor,
+    ViTModel,
+)
 
 from mmgrpo.offline import write_clip_bpe
+from rewards.clip_family import AestheticMLP
+from rewards.imagereward import HEAD_FILE, save_pretrained
 
 TINY_OPEN_CLIP = "mmgrpo-tiny-clip"
 
@@ -19,16 +37,12 @@ def write_clip_tokenizer(out_dir: str | os.PathLike, n_merges: int = 200) -> int
 
 
 def clip_tokenizer(out_dir: str | os.PathLike, n_merges: int = 200):
-    from transformers import CLIPTokenizer
-
     write_clip_tokenizer(out_dir, n_merges)
     return CLIPTokenizer(str(Path(out_dir) / "vocab.json"), str(Path(out_dir) / "merges.txt"))
 
 
 def tiny_hf_clip(out_dir: str | os.PathLike, *, image_size: int = 32, projection_dim: int = 16) -> str:
     """A random transformers CLIPModel + CLIPProcessor (real CLIP BPE, 200 merges) saved with save_pretrained."""
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
-
     tok = clip_tokenizer(out_dir)
     v = len(tok)
     cfg = CLIPConfig(
@@ -64,8 +78,6 @@ def tiny_hf_clip(out_dir: str | os.PathLike, *, image_size: int = 32, projection
 
 def tiny_aesthetic_head(path: str | os.PathLike, in_dim: int = 16) -> str:
     """A random LAION aesthetic MLP head state dict (keys layers.{0,2,4,6,7}.*) saved with torch.save."""
-    from rewards.clip_family import AestheticMLP
-
     torch.manual_seed(1)
     torch.save(AestheticMLP(in_dim).state_dict(), path)
     return str(path)
@@ -73,6 +85,7 @@ def tiny_aesthetic_head(path: str | os.PathLike, in_dim: int = 16) -> str:
 
 def register_tiny_open_clip(image_size: int = 32) -> str:
     """Register a 1.6M-parameter open_clip architecture under TINY_OPEN_CLIP (full CLIP vocab, width 32)."""
+    # lazy: open_clip is heavy to import (seconds); only the open_clip builders need it
     import open_clip
 
     open_clip.factory._MODEL_CONFIGS[TINY_OPEN_CLIP] = dict(
@@ -85,6 +98,7 @@ def register_tiny_open_clip(image_size: int = 32) -> str:
 
 def tiny_open_clip_checkpoint(path: str | os.PathLike, *, wrap: bool = True) -> str:
     """Save a random tiny open_clip model; wrap=True stores {"state_dict": ...} as the HPS checkpoints do."""
+    # lazy: open_clip is heavy to import (seconds); only the open_clip builders need it
     import open_clip
 
     register_tiny_open_clip()
@@ -97,11 +111,6 @@ def tiny_open_clip_checkpoint(path: str | os.PathLike, *, wrap: bool = True) -> 
 
 def tiny_blip_imagereward(out_dir: str | os.PathLike, *, width: int = 32, text_width: int = 24) -> str:
     """A random tiny BlipForImageTextRetrieval + BERT WordPiece tokenizer + MLP head, in ImageReward's dir format."""
-    from transformers import BertTokenizer, BlipConfig, BlipForImageTextRetrieval
-
-    from rewards.clip_family import AestheticMLP
-    from rewards.imagereward import save_pretrained
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     words = [
@@ -166,10 +175,6 @@ _VIS_TO_ORIGINAL = {
 
 def original_imagereward_state_dict(ir_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
     """A saved transformers-format ImageReward dir as THUDM's ImageReward.pt names it (BLIP timm-ViT + BERT + mlp)."""
-    from transformers import BlipForImageTextRetrieval
-
-    from rewards.imagereward import HEAD_FILE
-
     hf = BlipForImageTextRetrieval.from_pretrained(str(ir_dir)).state_dict()
     out = {f"mlp.{k}": v for k, v in torch.load(Path(ir_dir) / HEAD_FILE, weights_only=True).items()}
     emb = {"class_embedding": "cls_token", "position_embedding": "pos_embed"}
@@ -191,15 +196,6 @@ def original_imagereward_state_dict(ir_dir: str | os.PathLike) -> dict[str, torc
 
 def tiny_trocr(out_dir: str | os.PathLike) -> str:
     """A random tiny VisionEncoderDecoder (ViT encoder + TrOCR decoder) with a CLIP-BPE tokenizer, save_pretrained."""
-    from transformers import (
-        TrOCRConfig,
-        TrOCRForCausalLM,
-        VisionEncoderDecoderModel,
-        ViTConfig,
-        ViTImageProcessor,
-        ViTModel,
-    )
-
     tok = clip_tokenizer(out_dir)
     v = len(tok)
     enc = ViTModel(

@@ -11,7 +11,12 @@ import sys
 import types
 import typing
 
+import rewards
 from mmgrpo.errors import UserError
+from rewards._images import to_pil
+from rewards.api import REWARDS
+from rewards.client import TOKEN_ENV
+from rewards.server import make_server
 
 
 def _parse_kv(items: list[str] | None, flag: str) -> dict:
@@ -54,8 +59,6 @@ def _type_ok(value, accepted: tuple[type, ...]) -> bool:
 
 def check_kwarg_types(name: str, kwargs: dict, flag: str = "--kw") -> None:
     """Refuse a keyword whose value has the wrong plain type (`atol=abc` for a float) before the reward is built."""
-    from rewards.api import REWARDS
-
     if name.startswith(("http://", "https://")) or name not in REWARDS:
         return
     REWARDS.check_kwargs(name, kwargs, field=flag)
@@ -72,8 +75,6 @@ def check_kwarg_types(name: str, kwargs: dict, flag: str = "--kw") -> None:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    import rewards
-
     desc = rewards.describe()
     width = max(map(len, desc))
     for name, line in desc.items():
@@ -84,8 +85,6 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_score(args: argparse.Namespace) -> int:
-    import rewards
-
     kwargs = _parse_kv(args.kw, "--kw")
     fields = {k: [v] for k, v in _parse_kv(args.field, "--field").items()}
     try:
@@ -103,8 +102,6 @@ def cmd_score(args: argparse.Namespace) -> int:
     elif os.path.isfile(args.sample):
         sample = args.sample
         if reward.input == "image":
-            from rewards._images import to_pil
-
             sample = to_pil(args.sample)
     else:
         raise UserError(f"reward {args.name!r} scores {reward.input}s: {args.sample!r} is not a file")
@@ -122,9 +119,6 @@ def cmd_score(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from rewards.client import TOKEN_ENV
-    from rewards.server import make_server
-
     if not 0 <= args.port <= 65535:
         raise UserError(
             f"--port {args.port} is not a TCP port; use 1-65535 (e.g. --port 8000), or 0 for any free port"

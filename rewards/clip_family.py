@@ -79,6 +79,7 @@ class OpenClipReward(ClipReward):
     ):
         super().__init__(device=device, dtype=dtype, batch_size=batch_size, differentiable=differentiable)
         self.tensor_transform = tensor_transform
+        # lazy: open_clip is heavy to import (seconds); only when this reward is built
         import open_clip
 
         # fetch the checkpoint before building the model: offline, a missing file fails before a 1B-param init
@@ -188,6 +189,7 @@ class HFClipReward(ClipReward):
 
     def __init__(self, *, name: str, model: str, processor: str, device, dtype, batch_size: int, differentiable: bool):
         super().__init__(device=device, dtype=dtype, batch_size=batch_size, differentiable=differentiable)
+        # lazy: transformers is heavy to import (~1 s); only when this reward is built
         from transformers import AutoProcessor, CLIPModel
 
         with loading(processor, name, "processor"):

@@ -26,6 +26,7 @@ def original_config(sd: dict[str, torch.Tensor] | None = None, *, head_dim: int 
     With `sd` (an original ImageReward.pt state dict) every size is read from the weight shapes, so fine-tuned or
     smaller BLIP variants load too; heads = width / head_dim (64 in BLIP's ViT and BERT).
     """
+    # lazy: transformers is heavy to import (~1 s); only when this reward is built
     from transformers import BlipConfig
 
     vision = {
@@ -114,6 +115,7 @@ class ImageReward(Reward):
     def __init__(
         self, *, model: str, tokenizer: str, device, dtype, batch_size: int, max_length: int, standardize: bool
     ):
+        # lazy: transformers is heavy to import (~1 s); only when this reward is built
         from transformers import AutoTokenizer, BlipForImageTextRetrieval
 
         self.device, self.dtype, self.batch_size = parse_device(device), parse_dtype(dtype), batch_size
@@ -151,6 +153,7 @@ class ImageReward(Reward):
 
     def pixels(self, images: list[Any]) -> torch.Tensor:
         """BLIP's eval transform (Resize bicubic, CenterCrop, ToTensor, Normalize) on PIL images."""
+        # lazy: torchvision is heavy to import (~1 s); only when ImageReward scores
         from torchvision import transforms as T
 
         tf = T.Compose(

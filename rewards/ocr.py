@@ -19,6 +19,7 @@ class OcrReward(Reward):
     fields = ("texts",)
 
     def __init__(self, *, model: str, device, dtype, batch_size: int, max_new_tokens: int, substring: bool = False):
+        # lazy: transformers is heavy to import (~1 s); only when this reward is built
         from transformers import AutoImageProcessor, AutoTokenizer, VisionEncoderDecoderModel
 
         self.device, self.dtype, self.batch_size, self.max_new_tokens = (

@@ -17,6 +17,7 @@ def shapes_geneval(*, mode: str = "partial", extra_penalty: float = 0.0) -> Rewa
 
     def batch(samples, prompts):
         try:
+            # lazy: `import rewards` works without mmgrpo_shapes (see the module docstring)
             from mmgrpo_shapes.verifier import score
         except ImportError as err:
             raise ValueError(f"shapes_geneval needs mmgrpo_shapes.verifier, which failed to import: {err}") from err
