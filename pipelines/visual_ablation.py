@@ -14,6 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from mmgrpo_shapes.video import write_mp4
+from pipelines.video.io import read_frames, video_info
+from pipelines.vlm.data import load_image, record_images
+
 ABLATIONS = ("blank", "shuffle")
 """`mmgrpo eval ablate=` names; the conditions they produce are called "blank" and "shuffled" in tables"""
 CONDITION = {"blank": "blank", "shuffle": "shuffled"}
@@ -42,8 +46,6 @@ def background(pixels: np.ndarray) -> np.ndarray:
 
 def blank_image(image: Any) -> np.ndarray:
     """uint8 [H, W, 3] filled with the background colour of `image` (any form pipelines/vlm/data.py reads)."""
-    from pipelines.vlm.data import load_image
-
     pixels = np.asarray(load_image(image))  # [H, W, 3]
     return np.broadcast_to(background(pixels), pixels.shape).copy()
 
@@ -51,9 +53,6 @@ def blank_image(image: Any) -> np.ndarray:
 def _blank_video(path: str, workdir: Path, made: dict[tuple, str]) -> str:
     """A clip of the same frame count, fps and size as `path` (odd sides + 1), every frame its first frame's
     background colour."""
-    from mmgrpo_shapes.video import write_mp4
-    from pipelines.video.io import read_frames, video_info
-
     info = video_info(path)
     frames, _ = read_frames(info.path, [0], info=info)  # [1, H, W, 3]
     colour = tuple(int(c) for c in background(frames[0]))
@@ -112,14 +111,11 @@ def _with_pixels_of(rec: dict[str, Any], donor: dict[str, Any]) -> dict[str, Any
 
 def preview(record: dict[str, Any], frames: int = 6) -> dict[str, Any]:
     """What a report shows of a record's input: {"image": first image} or {"frames": [frames x uint8 [H, W, 3]]}."""
-    from pipelines.vlm.data import load_image, record_images
-
     images = record_images(record)
     if images:
         return {"image": np.asarray(load_image(images[0]))}
     if record.get("video") is None:
         return {}
-    from pipelines.video.io import read_frames, video_info
 
     info = video_info(record["video"])
     idx = np.linspace(0, info.num_frames - 1, min(frames, info.num_frames)).round().astype(int)  # [F]

@@ -3,14 +3,13 @@
 Light to import: registering the "flow" builder imports no diffusers; `build_flow` imports it when called.
 """
 
+from mmgrpo.plugins import PIPELINES
 from pipelines.flow import sage  # noqa: F401  registers the "sage" step kind in sde.STEPS
 from pipelines.flow.build import build_flow, check_flow_kwargs
 from pipelines.flow.settings import FlowSettings
 
 
 def _register() -> None:
-    from mmgrpo.plugins import PIPELINES
-
     if "flow" not in PIPELINES:
         PIPELINES.register("flow", build_flow, settings=FlowSettings)
 

@@ -3,8 +3,10 @@
 Light to import: diffusers and peft are imported inside `build_flow`, so `mmgrpo list pipelines` stays fast.
 """
 
+import importlib.util
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,21 @@ import torch
 from mmgrpo.errors import UserError
 from mmgrpo.plugins import pipeline_settings
 from mmgrpo.types import Task
+from mmgrpo_shapes.scenes import CATEGORIES, SPLITS, list_prompts
+from pipelines.flow.models import (
+    ADAPTERS,
+    EPS_TYPES,
+    LORA_TARGETS,
+    MODEL_TYPES,
+    denoiser_of,
+    model_type_of,
+    num_params,
+)
+from pipelines.flow.policy import FlowPolicy
 from pipelines.flow.settings import ATTENTION, FlowSettings, _check_ddim
+from pipelines.flow.shapes_model import ShapesModel, ShapesT2IPipeline, is_shapes_dir
+from pipelines.flow.unet import ADAPTERS as UNET_ADAPTERS
+from rewards.api import INPUTS
 
 __all__ = ["ATTENTION", "build_flow", "check_flow_kwargs", "read_prompts", "shapes_prompts", "tiny_task"]
 
@@ -23,8 +39,6 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 
 def shapes_prompts(spec: str) -> list[dict[str, Any]]:
     """ShapesWorld prompts "shapes:<split>[:<category>,...]" as records with their GenEval-style category."""
-    from mmgrpo_shapes.scenes import CATEGORIES, SPLITS, list_prompts
-
     parts = spec.split(":")
     split = parts[1] if len(parts) > 1 else "train"
     cats = parts[2].split(",") if len(parts) > 2 and parts[2] else list(CATEGORIES)
@@ -69,12 +83,14 @@ def _records(data: str | None, prompts: list | None, what: str) -> list[dict[str
 
 def load_pipeline(model: str, torch_dtype: torch.dtype):
     """`DiffusionPipeline.from_pretrained(model)` with a one-line UserError when it is not there."""
+    # lazy: diffusers is heavy to import (seconds); only when a model loads
     from diffusers import DiffusionPipeline
 
     if not model:
         raise UserError("pipeline.kwargs.model is empty; pass a hub id (e.g. stabilityai/stable-diffusion-3.5-medium), "
                         "a local directory saved with save_pretrained, or tiny:sd3 / tiny:flux / tiny:wan")
     if model.startswith("tiny:"):  # a tiny random pipeline built on the spot, for CPU recipes and tests
+        # lazy: pipelines.flow.tiny imports diffusers and transformers
         from pipelines.flow.tiny import save_tiny
 
         cache = Path(os.environ.get("MMGRPO_CACHE", Path.home() / ".cache" / "mmgrpo")) / f"tiny-{model[5:]}"
@@ -83,11 +99,8 @@ def load_pipeline(model: str, torch_dtype: torch.dtype):
             try:
                 os.rename(tmp, cache)  # atomic: concurrent builders never see a half-written directory
             except OSError:
-                import shutil
-
                 shutil.rmtree(tmp, ignore_errors=True)
         model = str(cache)
-    from pipelines.flow.shapes_model import ShapesT2IPipeline, is_shapes_dir
 
     if is_shapes_dir(model):  # ShapesWorld's pixel-space model: no VAE, components loaded one by one
         return ShapesT2IPipeline.from_pretrained(model, dtype=torch_dtype)
@@ -107,9 +120,8 @@ def load_pipeline(model: str, torch_dtype: torch.dtype):
 
 
 def _add_lora(transformer, model_type: str, rank: int, alpha: float | None, targets: list[str] | None) -> None:
+    # lazy: peft is heavy to import (seconds); only LoRA runs need it
     from peft import LoraConfig
-
-    from pipelines.flow.models import LORA_TARGETS
 
     cfg = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else 2 * rank, init_lora_weights="gaussian",
                      target_modules=list(targets or LORA_TARGETS[model_type]))
@@ -125,8 +137,6 @@ def _add_lora(transformer, model_type: str, rank: int, alpha: float | None, targ
 
 def _model_type(pipe, model_type: str | None, sde: str) -> str:
     """The checked model type of a loaded pipeline: model_type if given (it must match the class), else detected."""
-    from pipelines.flow.models import MODEL_TYPES, model_type_of
-
     detected = model_type_of(type(pipe).__name__)
     model_type = model_type or detected
     if model_type not in MODEL_TYPES or (detected and detected != model_type):
@@ -139,23 +149,15 @@ def _model_type(pipe, model_type: str | None, sde: str) -> str:
 def adapter_for(model_type: str):
     """The FlowModel class of a model type: models.py (SD3, FLUX, Wan), shapes_model.py (the pixel-space ShapesWorld
     model) or unet.py (epsilon-prediction SD 1.x / SDXL)."""
-    from pipelines.flow.models import ADAPTERS, EPS_TYPES
-
     if model_type == "shapes":
-        from pipelines.flow.shapes_model import ShapesModel
-
         return ShapesModel
     if model_type in EPS_TYPES:
-        from pipelines.flow.unet import ADAPTERS as UNET_ADAPTERS
-
         return UNET_ADAPTERS[model_type]
     return ADAPTERS[model_type]
 
 
 def _reward_inputs(reward_inputs: list[str] | str | None) -> list[str] | None:
     """The reward input kinds as a checked list (a single kind may be given as a string)."""
-    from rewards.api import INPUTS
-
     if reward_inputs is None:
         return None
     kinds = [reward_inputs] if isinstance(reward_inputs, str) else list(reward_inputs)
@@ -169,7 +171,6 @@ def check_attention(attention: str, device: torch.device) -> None:
     """xformers needs CUDA and the package (the `cuda` extra); say so in one line before any weight loads."""
     if attention != "xformers":
         return
-    import importlib.util
 
     if torch.device(device).type != "cuda" or importlib.util.find_spec("xformers") is None:
         why = "no CUDA device" if torch.device(device).type != "cuda" else "the xformers package is not installed"
@@ -189,9 +190,6 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
     kwargs: the fields of `FlowSettings` (pipelines/flow/settings.py; docs/config.md lists them), checked first.
     reward_inputs: ["latent"] skips the VAE in rollouts (samples are the final latents); None decodes to pixels
     unless the engine reports the rewards' inputs through policy.set_reward_inputs."""
-    from pipelines.flow.models import num_params
-    from pipelines.flow.policy import FlowPolicy
-
     s = pipeline_settings(FlowSettings, kwargs)
     check_attention(s.attention, device)
     reward_inputs = _reward_inputs(s.reward_inputs)
@@ -223,8 +221,6 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
 def _trainable(pipe, s: FlowSettings, model_type: str, device: torch.device):
     """The pipeline on `device` with its VAE and text encoders frozen; the denoiser with LoRA (lora_rank > 0) or
     trainable, checkpointed and with xformers attention as asked."""
-    from pipelines.flow.models import denoiser_of
-
     pipe.to(device)
     for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
         part = getattr(pipe, name, None)

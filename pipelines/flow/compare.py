@@ -12,7 +12,10 @@ import json
 import sys
 from pathlib import Path
 
+from mmgrpo.config import load_config
 from mmgrpo.errors import UserError
+from mmgrpo.evaluate import evaluate_run
+from mmgrpo.report import refresh_report
 
 EVAL_OVERRIDES = ("pipeline.kwargs.noise_level=0", "pipeline.kwargs.plan=independent",
                   "pipeline.kwargs.plan_kwargs={train: all}", "pipeline.kwargs.objective=grpo",
@@ -35,10 +38,6 @@ def compare_table(before: dict[str, dict[str, float]], after: dict[str, dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    from mmgrpo.config import load_config
-    from mmgrpo.evaluate import evaluate_run
-    from mmgrpo.report import refresh_report
-
     ap = argparse.ArgumentParser(prog="python -m pipelines.flow.compare", description=__doc__.splitlines()[0])
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, as for mmgrpo train")

@@ -159,6 +159,7 @@ class FluxModel(FlowModel):
         return ((h // 2) * (w // 2), self.pipe.transformer.config.in_channels)
 
     def sigmas(self, num_steps):
+        # lazy: diffusers is heavy to import (seconds); `import pipelines` stays light
         from diffusers.pipelines.flux.pipeline_flux import calculate_shift
 
         cfg = self.pipe.scheduler.config

@@ -17,6 +17,8 @@ from pipelines.flow import plan as plans
 from pipelines.flow import sde, trust
 from pipelines.flow.models import FlowModel, FluxModel, denoiser_of
 from pipelines.flow.objectives import guard_step_weights, make_objective, noise_aware_weights
+from pipelines.flow.sage import equaliser_weights
+from pipelines.flow.vgpo import vgpo_step_advantages
 
 
 class FlowPolicy:
@@ -225,7 +227,6 @@ class FlowPolicy:
         grad_equalizer: SAGE-GRPO's (std_t / |d mean_t / d v|) over its mean, sage.equaliser_weights)."""
         s, s_next = self.sigmas[:-1].double(), self.sigmas[1:].double()  # [T]
         if self.step_weights == "grad_equalizer":  # SAGE-GRPO: equal expected gradient norm per step
-            from pipelines.flow.sage import equaliser_weights
 
             return equaliser_weights(s, s_next, kind=self.sde_kind, noise_level=self.noise_level)
         if self.step_weights == "noise_aware":
@@ -311,7 +312,6 @@ class FlowPolicy:
             leaf_logp = torch.zeros(n, t).scatter(1, steps.cpu(), rollout.old_logp.float().cpu())  # [N, T]
             leaf_logp = leaf_logp.view(*rewards.shape, t).to(rewards.device)  # [B, G, T]
         if self.value_anchor is not None:  # VGPO: subtree values before / after each step, anchored normalisation
-            from pipelines.flow.vgpo import vgpo_step_advantages
 
             lp = None if leaf_logp is None else leaf_logp.cpu()
             return vgpo_step_advantages(plan, rewards.cpu(), steps.cpu(), fusion=plan.fusion, leaf_logp=lp,
@@ -328,6 +328,7 @@ class FlowPolicy:
         """The peft adapter state (LoRA) or the full transformer state (full fine-tuning), detached copies; plus
         SAGE-GRPO's moving anchor under "anchor." when it is on (trust.MovingAnchor.state_dict)."""
         if self.lora:
+            # lazy: peft is heavy to import (seconds); only LoRA runs need it
             from peft import get_peft_model_state_dict
 
             state = get_peft_model_state_dict(self.transformer)
@@ -340,6 +341,7 @@ class FlowPolicy:
         state = {k: v for k, v in state.items() if k not in anchor}
         self.anchor.load_state_dict(self, anchor)  # a policy without a moving anchor ignores a saved one
         if self.lora:
+            # lazy: peft is heavy to import (seconds); only LoRA runs need it
             from peft import set_peft_model_state_dict
 
             result = set_peft_model_state_dict(self.transformer, state)

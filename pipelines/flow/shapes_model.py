@@ -31,6 +31,7 @@ class ShapesT2IPipeline:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> "ShapesT2IPipeline":
+        # lazy: diffusers and transformers are heavy to import; only when the model loads
         from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
         from transformers import AutoTokenizer, CLIPTextModelWithProjection
 

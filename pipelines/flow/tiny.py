@@ -8,8 +8,32 @@ import shutil
 from pathlib import Path
 
 import torch
+from diffusers import (
+    AutoencoderKL,
+    AutoencoderKLWan,
+    FlowMatchEulerDiscreteScheduler,
+    FluxPipeline,
+    FluxTransformer2DModel,
+    SD3Transformer2DModel,
+    StableDiffusion3Pipeline,
+    WanPipeline,
+    WanTransformer3DModel,
+)
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import (
+    CLIPTextConfig,
+    CLIPTextModel,
+    CLIPTextModelWithProjection,
+    CLIPTokenizer,
+    PreTrainedTokenizerFast,
+    T5Config,
+    T5EncoderModel,
+    UMT5Config,
+    UMT5EncoderModel,
+)
 
 from mmgrpo.offline import write_clip_bpe
+from pipelines.flow.tiny_unet import build_sd, build_sdxl
 
 MODEL_TYPES = ("sd3", "flux", "wan", "sd", "sdxl")
 _T5_CHARS = " abcdefghijklmnopqrstuvwxyz0123456789.,'\"!?-:;()"
@@ -20,17 +44,12 @@ def clip_tokenizer(path: Path, n_merges: int = 0):
 
     With n_merges=0 it is byte-level: 512 symbols + bos (V-2) + eos (V-1).
     """
-    from transformers import CLIPTokenizer
-
     write_clip_bpe(path, n_merges)
     return CLIPTokenizer(str(Path(path) / "vocab.json"), str(Path(path) / "merges.txt"), model_max_length=77)
 
 
 def t5_tokenizer():
     """A character-level Unigram tokenizer with T5's specials (pad=0, eos=1, unk=2), as PreTrainedTokenizerFast."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
     vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [(c, -1.0) for c in _T5_CHARS]
     tok = Tokenizer(models.Unigram(vocab, unk_id=2))
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
@@ -41,8 +60,6 @@ def t5_tokenizer():
 
 
 def _clip_text(v: int, projection: bool):
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
     cfg = CLIPTextConfig(
         vocab_size=v,
         hidden_size=32,
@@ -60,8 +77,6 @@ def _clip_text(v: int, projection: bool):
 
 
 def _t5(umt5: bool = False):
-    from transformers import T5Config, T5EncoderModel, UMT5Config, UMT5EncoderModel
-
     kw = {
         "vocab_size": 64,
         "d_model": 32,
@@ -75,8 +90,6 @@ def _t5(umt5: bool = False):
 
 
 def _vae():
-    from diffusers import AutoencoderKL
-
     return AutoencoderKL(
         block_out_channels=[8, 16],
         in_channels=3,
@@ -93,8 +106,6 @@ def _vae():
 
 
 def _sd3(tmp: Path):
-    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
-
     transformer = SD3Transformer2DModel(
         sample_size=32,
         patch_size=2,
@@ -124,8 +135,6 @@ def _sd3(tmp: Path):
 
 
 def _flux(tmp: Path):
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-
     transformer = FluxTransformer2DModel(
         patch_size=1,
         in_channels=16,
@@ -167,8 +176,6 @@ def _flux(tmp: Path):
 
 
 def _wan(tmp: Path):
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
-
     transformer = WanTransformer3DModel(
         patch_size=(1, 2, 2),
         num_attention_heads=2,
@@ -196,15 +203,11 @@ def _wan(tmp: Path):
 
 
 def _sd(tmp: Path):
-    from pipelines.flow.tiny_unet import build_sd
-
     tok = clip_tokenizer(tmp / "clip")
     return build_sd(tok, _clip_text(len(tok), False))
 
 
 def _sdxl(tmp: Path):
-    from pipelines.flow.tiny_unet import build_sdxl
-
     tok = clip_tokenizer(tmp / "clip")
     return build_sdxl(tok, _clip_text(len(tok), False), _clip_text(len(tok), True))
 

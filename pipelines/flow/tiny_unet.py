@@ -3,13 +3,20 @@
 Same classes and scheduler configs as SD 1.5 / SDXL base (PNDM / Euler with their betas); text parts come from tiny.py.
 """
 
+from diffusers import (
+    AutoencoderKL,
+    EulerDiscreteScheduler,
+    PNDMScheduler,
+    StableDiffusionPipeline,
+    StableDiffusionXLPipeline,
+    UNet2DConditionModel,
+)
+
 _BETAS = {"beta_start": 0.00085, "beta_end": 0.012, "beta_schedule": "scaled_linear", "steps_offset": 1}
 """SD 1.5's and SDXL base's noise schedule (their scheduler/scheduler_config.json): "leading" spacing, offset 1"""
 
 
 def _vae():
-    from diffusers import AutoencoderKL
-
     return AutoencoderKL(
         block_out_channels=[8, 16],
         in_channels=3,
@@ -23,8 +30,6 @@ def _vae():
 
 
 def _unet(cross_attention_dim: int, **extra):
-    from diffusers import UNet2DConditionModel
-
     return UNet2DConditionModel(
         block_out_channels=(16, 32),
         layers_per_block=1,
@@ -42,8 +47,6 @@ def _unet(cross_attention_dim: int, **extra):
 
 def build_sd(tokenizer, text_encoder):
     """A StableDiffusionPipeline (SD 1.5 layout: PNDM scheduler config, no safety checker) around a tiny UNet."""
-    from diffusers import PNDMScheduler, StableDiffusionPipeline
-
     sched = PNDMScheduler(skip_prk_steps=True, set_alpha_to_one=False, **_BETAS)
     sched.register_to_config(clip_sample=False)  # as SD 1.5's scheduler_config.json (read by DDIMScheduler)
     return StableDiffusionPipeline(
@@ -62,8 +65,6 @@ def build_sdxl(tokenizer, text_encoder, text_encoder_2):
     """A StableDiffusionXLPipeline (Euler scheduler config, text_time micro-conditioning) around a tiny UNet.
 
     Cross-attention width = both encoders' hidden sizes; the add-embedding input = 6 time ids x 8 + pooled width."""
-    from diffusers import EulerDiscreteScheduler, StableDiffusionXLPipeline
-
     width = text_encoder.config.hidden_size + text_encoder_2.config.hidden_size
     unet = _unet(
         width,

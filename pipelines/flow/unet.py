@@ -22,6 +22,7 @@ def ddim_schedule(scheduler_config: dict, num_steps: int) -> tuple[Tensor, Tenso
     Unlike ddpo-pytorch's and TRL's ddim_step_with_logprob, which clamp prev_timestep to >= 0 before testing it for
     < 0 (so final_alpha_cumprod is never used), the last step goes to final_alpha_cumprod: 1.0 with set_alpha_to_one.
     """
+    # lazy: diffusers is heavy to import (seconds); `import pipelines` stays light
     from diffusers import DDIMScheduler
 
     # the ddim step has no x0 clipping or thresholding: latent models use neither (SD 1.5 ships clip_sample false)

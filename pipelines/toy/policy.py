@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from mmgrpo.types import Rollout, Task
@@ -109,8 +110,6 @@ class ToyPolicy:
 
     def export(self, directory: Path) -> None:
         """The whole model as model.safetensors plus config.json, enough to rebuild CountLM without mmgrpo."""
-        from safetensors.torch import save_file
-
         save_file(
             {k: v.detach().contiguous().cpu() for k, v in self.model.state_dict().items()},
             str(directory / "model.safetensors"),

@@ -4,14 +4,13 @@ with T-GRPO, Reg-GRPO + difficulty-aware augmentation, TempSamp-R1 ground-truth 
 Light to import: transformers, decord and PyAV load only when a task is built or a video is read.
 """
 
+from mmgrpo.plugins import PIPELINES
+from pipelines.video import advantages, rewards  # noqa: F401  registers "tempsamp", "grpo_bonus", video rewards
 from pipelines.video.build import build_video
 from pipelines.video.settings import VideoSettings
 
 
 def _register() -> None:
-    from mmgrpo.plugins import PIPELINES
-    from pipelines.video import advantages, rewards  # noqa: F401  registers "tempsamp", "grpo_bonus", video rewards
-
     if "video" not in PIPELINES:
         PIPELINES.register("video", build_video, settings=VideoSettings)
 

@@ -2,6 +2,7 @@
 the method switches (temporal, inject_ground_truth, augment, care_likelihood). Heavy imports stay inside the builder.
 """
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -9,15 +10,17 @@ import torch
 from mmgrpo.errors import UserError
 from mmgrpo.plugins import pipeline_settings
 from mmgrpo.types import Task
-from pipelines.video.settings import VideoSettings
+from pipelines.video.data import SHAPES_VIDEO, load_records, video_prompt_tokens
+from pipelines.video.methods import ground_truth_text
+from pipelines.video.settings import FrameSettings, VideoSettings
+from pipelines.vlm import build as vlm
+from pipelines.vlm.data import check_prompt_lengths
 from pipelines.vlm.settings import FORMAT_INSTRUCTION
 
 __all__ = ["FORMAT_INSTRUCTION", "build_video"]
 
 def _check_injected_length(policy: Any, records: list[dict[str, Any]], max_new_tokens: int) -> None:
     """TempSamp's injected answer must be a completion the policy could sample: no longer than max_new_tokens."""
-    from pipelines.video.methods import ground_truth_text
-
     longest, rec = max(((policy._ground_truth(r).shape[1], r) for r in records), key=lambda x: x[0])
     if longest > max_new_tokens:
         text = ground_truth_text(rec, span_template=policy.m.span_template, answer_template=policy.m.answer_template)
@@ -31,12 +34,8 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
     """GRPO on a video-text-to-text model (Qwen2-VL, Qwen2.5-VL) over grounding / video-QA records.
 
     kwargs: the fields of `VideoSettings` (pipelines/video/settings.py; docs/config.md lists them), checked first."""
-    from functools import partial
-
-    from pipelines.video.data import video_prompt_tokens
+    # lazy: pipelines.video.policy imports transformers; `import pipelines` stays light
     from pipelines.video.policy import VideoPolicy
-    from pipelines.vlm import build as vlm
-    from pipelines.vlm.data import check_prompt_lengths
 
     s = pipeline_settings(VideoSettings, kwargs)
     vlm.warn_top_p(s)
@@ -60,8 +59,6 @@ def build_video(*, seed: int, device: torch.device, dtype: torch.dtype = torch.f
 
 def _records(s: VideoSettings, seed: int) -> tuple[list, list]:
     """(train, eval) records: eval from `eval_data`, or from the ShapesWorld split `eval_split` when training on it."""
-    from pipelines.video.data import SHAPES_VIDEO, load_records
-
     common = {"seed": seed, "shapes_types": s.shapes_types, "shapes_frames": s.shapes_frames,
               "shapes_resolution": s.shapes_resolution, "skip_bad_videos": s.skip_bad_videos,
               "time_prompt": s.time_prompt, "cache_dir": s.cache_dir}
@@ -76,14 +73,13 @@ def _records(s: VideoSettings, seed: int) -> tuple[list, list]:
 
 
 def _frames(s: VideoSettings):
-    from pipelines.video.policy import FrameSettings
-
     return FrameSettings(mode=s.frame_mode, num_frames=s.num_frames, fps=s.frame_fps, token_budget=s.token_budget,
                          pixels_per_frame=s.pixels_per_frame, min_frames=s.min_frames, max_frames=s.max_frames,
                          strategy=s.frame_strategy, backend=s.video_backend, cache_dir=s.frame_cache)
 
 
 def _methods(s: VideoSettings):
+    # lazy: pipelines.video.policy imports transformers; `import pipelines` stays light
     from pipelines.video.policy import MethodSettings
 
     templates = {k: v for k, v in (("span_template", s.gt_span_template), ("answer_template", s.gt_answer_template))

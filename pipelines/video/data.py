@@ -8,10 +8,12 @@ grounding or "answers" for QA}: field names are the rewards' (`temporal_iou` rea
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from mmgrpo.errors import UserError
+from mmgrpo_shapes.video import SET_VERSION, make_video_set
 from pipelines.video.io import check_videos, sample_indices, video_info
 from pipelines.vlm.data import WHERE_KEY, text_problem
 
@@ -131,8 +133,6 @@ def jsonl_records(path: str | os.PathLike, *, limit: int | None = None, skip_bad
 def shapes_video_dir(split: str, n: int, *, seed: int, types: tuple[str, ...], num_frames: int, fps: int,
                      resolution: int, cache_dir: str | os.PathLike | None) -> Path:
     """ShapesWorld clips of `split` written once under the cache (keyed by every generation setting) and reused."""
-    from mmgrpo_shapes.video import SET_VERSION, make_video_set
-
     root = Path(cache_dir or os.environ.get("MMGRPO_CACHE") or Path.home() / ".cache" / "mmgrpo")
     key = f"shapes_video-v{SET_VERSION}-{split}-n{n}-s{seed}-{'+'.join(types)}-f{num_frames}-fps{fps}-r{resolution}"
     out = root / key
@@ -143,8 +143,6 @@ def shapes_video_dir(split: str, n: int, *, seed: int, types: tuple[str, ...], n
         try:
             os.replace(tmp, out)  # atomic: a concurrent builder never sees half a set
         except OSError:
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)  # another process finished first; its copy is complete
     return out
 

@@ -40,6 +40,7 @@ class VideoInfo:
 
 
 def _decord_reader(path: str):
+    # lazy: decord (x86_64 only) loads only when a video is read
     from decord import VideoReader, cpu
 
     return VideoReader(path, ctx=cpu(0), num_threads=1)
@@ -59,6 +60,7 @@ def _decord_read(path: str, indices: list[int]) -> np.ndarray:
 
 
 def _av_info(path: str) -> tuple[int, float, int, int]:
+    # lazy: PyAV loads only when a video is read
     import av
 
     with av.open(path) as container:
@@ -73,6 +75,7 @@ def _av_info(path: str) -> tuple[int, float, int, int]:
 
 
 def _av_read(path: str, indices: list[int]) -> np.ndarray:
+    # lazy: PyAV loads only when a video is read
     import av
 
     wanted = set(indices)

@@ -4,6 +4,7 @@ DeepVideo-R1's difficulty-aware augmentation (a hint for groups that all fail, n
 Numpy and plain Python only; the policy decides when to call them.
 """
 
+import string
 from typing import Any
 
 import numpy as np
@@ -31,8 +32,6 @@ def ground_truth_text(record: dict[str, Any], *, span_template: str = SPAN_TEMPL
 
 def check_template(name: str, template: str) -> None:
     """Raise ValueError unless `template` names each of its fields (TEMPLATE_FIELDS[name]) and no other."""
-    import string
-
     fields = TEMPLATE_FIELDS[name]
     example = SPAN_TEMPLATE if name == "span_template" else ANSWER_TEMPLATE
     try:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from pipelines.video.advantages import logp_gap_bonus, temporal_gate_bonus
 from rewards.api import REWARDS, Reward, load
 
 
@@ -74,8 +75,6 @@ class TemporalContrast(Reward):
 
     def score(self, samples, prompts, *, group_size, shuffled_samples=None, temporal_gap=None, temporal_off=None,
               **fields):
-        from pipelines.video.advantages import logp_gap_bonus, temporal_gate_bonus
-
         if temporal_off and shuffled_samples is None and temporal_gap is None:
             # `mmgrpo eval`: the policy turns the shuffled-frame pass off (a training signal); no bonus is earned
             return torch.zeros(len(samples))

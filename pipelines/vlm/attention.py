@@ -231,6 +231,7 @@ def _no_mask(*args, **kwargs) -> None:
 
 def register() -> None:
     """Register GROUPED with transformers (idempotent; adds a name, changes no existing one)."""
+    # lazy: transformers is heavy to import (~1 s); only registering the kernels needs it
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 

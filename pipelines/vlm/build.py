@@ -12,6 +12,17 @@ import torch
 from mmgrpo.errors import UserError
 from mmgrpo.plugins import pipeline_settings
 from mmgrpo.types import Task
+from pipelines.vlm.data import (
+    SHAPES_VQA,
+    check_prompt_lengths,
+    load_records,
+    max_images,
+    model_positions,
+    model_special_tokens,
+    prompt_tokens,
+)
+from pipelines.vlm.methods import CareLikelihood
+from pipelines.vlm.prefix import PREFIX_ATTENTION, supports_grouped, supports_shared
 from pipelines.vlm.settings import FORMAT_INSTRUCTION, ModelSettings, VLMSettings, check_attn_implementation
 
 __all__ = ["FORMAT_INSTRUCTION", "LORA_TARGETS", "build_vlm", "check_attn_implementation", "check_vlm_kwargs"]
@@ -45,6 +56,7 @@ def load_model(
     max_pixels: int | None,
 ):
     """(processor, model) from a local directory, a cached hub id, or a tiny random model built on the fly."""
+    # lazy: transformers (and pipelines.vlm.tiny, which imports it) only when a model loads
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from pipelines.vlm.tiny import TINY_MODELS, tiny_model_dir
@@ -75,6 +87,7 @@ def load_model(
 
 def _model_path(model: str, cache_dir: str | None, rollout_backend: str) -> str:
     """What vLLM loads: the tiny random models' directory, else the name or path as given."""
+    # lazy: pipelines.vlm.tiny imports transformers; only vLLM on a tiny model needs it
     from pipelines.vlm.tiny import TINY_MODELS, tiny_model_dir
 
     return tiny_model_dir(model, cache_dir) if rollout_backend == "vllm" and model in TINY_MODELS else model
@@ -100,6 +113,7 @@ def apply_training_mode(
         else:
             hf.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if lora_rank > 0:
+        # lazy: peft is heavy to import (seconds); only LoRA runs need it
         from peft import LoraConfig, get_peft_model
 
         cfg = LoraConfig(
@@ -123,8 +137,8 @@ def apply_training_mode(
 
 def _shared_mode(prefix_sharing: str | bool, hf, prefix_attention: str = "auto") -> bool:
     """Whether the update runs one prefix-shared row per group; checks prefix_attention against this model too."""
+    # lazy: pipelines.vlm.policy imports transformers; `import pipelines` (plugin load) stays light
     from pipelines.vlm.policy import unwrap
-    from pipelines.vlm.prefix import PREFIX_ATTENTION, supports_grouped, supports_shared
 
     if prefix_attention not in PREFIX_ATTENTION:
         raise UserError(
@@ -154,7 +168,7 @@ def build_vlm(*, seed: int, device: torch.device, dtype: torch.dtype = torch.flo
 
     kwargs: the fields of `VLMSettings` (pipelines/vlm/settings.py; docs/config.md lists them), checked first.
     """
-    from pipelines.vlm.data import check_prompt_lengths, max_images, prompt_tokens
+    # lazy: pipelines.vlm.policy and .rollout import transformers; `import pipelines` (plugin load) stays light
     from pipelines.vlm.policy import VLMPolicy, chat_prompt
     from pipelines.vlm.rollout import make_backend
 
@@ -227,6 +241,7 @@ def load_trainable(s: ModelSettings, *, dtype: torch.dtype, device: torch.device
 
 def sample_settings(s: ModelSettings):
     """The policy's SampleSettings (stop strings as a tuple)."""
+    # lazy: pipelines.vlm.policy imports transformers; `import pipelines` (plugin load) stays light
     from pipelines.vlm.policy import SampleSettings
 
     stop = (s.stop,) if isinstance(s.stop, str) else tuple(s.stop or ())
@@ -243,8 +258,6 @@ def sample_settings(s: ModelSettings):
 
 def prompt_fit(s: ModelSettings, processor, hf, *, positions_limit: int | None = None, **kw: Any) -> dict[str, Any]:
     """check_prompt_lengths' keywords: the model's positions, the prompt and completion budgets, special tokens."""
-    from pipelines.vlm.data import model_positions, model_special_tokens
-
     return {
         "positions": model_positions(hf, positions_limit),
         "max_prompt_length": s.max_prompt_length,
@@ -256,6 +269,7 @@ def prompt_fit(s: ModelSettings, processor, hf, *, positions_limit: int | None =
 
 def vlm_module(s: ModelSettings, hf, processor):
     """The trained VLMModule: prefix sharing decided for this model, log-prob chunks, the vision cache."""
+    # lazy: pipelines.vlm.policy imports transformers; `import pipelines` (plugin load) stays light
     from pipelines.vlm.policy import VLMModule
 
     return VLMModule(
@@ -272,8 +286,6 @@ def vlm_module(s: ModelSettings, hf, processor):
 
 def make_policy(cls: type, s: ModelSettings, module, processor, **kw: Any):
     """`cls(module, processor, reference=..., care=..., check_logp=..., **kw)`; its ValueError as one UserError."""
-    from pipelines.vlm.methods import CareLikelihood
-
     care = CareLikelihood(decay=s.care_ema_decay, every=s.care_ema_every) if s.care_likelihood else None
     try:
         return cls(module, processor, reference=s.reference, care=care, check_logp=s.check_logp, **kw)
@@ -283,8 +295,6 @@ def make_policy(cls: type, s: ModelSettings, module, processor, **kw: Any):
 
 def _records(s: VLMSettings, seed: int) -> tuple[list, list]:
     """(train, eval) records: eval from `eval_data`, or from the ShapesWorld split `eval_split` when training on it."""
-    from pipelines.vlm.data import SHAPES_VQA, load_records
-
     common = {"seed": seed, "resolution": s.resolution, "question_types": s.question_types}
     common["skip_bad_images"] = s.skip_bad_images
     train = load_records(s.data, split="train", size=s.train_size, field="pipeline.kwargs.data", **common)

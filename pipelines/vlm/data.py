@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from mmgrpo.errors import UserError
+from mmgrpo_shapes.vqa import QUESTION_TYPES, make_vqa
 from pipelines.vlm.wrapping import unwrap
 
 SHAPES_VQA = "shapes_vqa"
@@ -31,8 +33,6 @@ def shapes_vqa_records(
     split: str, n: int, *, seed: int = 0, resolution: int = 32, question_types: list[str] | None = None
 ) -> list[dict[str, Any]]:
     """`n` ShapesWorld VQA records of `split` ("train" | "val" | "test"), images as uint8 [H, W, 3] arrays."""
-    from mmgrpo_shapes.vqa import QUESTION_TYPES, make_vqa
-
     types = tuple(question_types) if question_types else QUESTION_TYPES
     rows = make_vqa(split, n, seed=seed, resolution=resolution, types=types)
     return [
@@ -61,8 +61,6 @@ always an already-templated prompt)"""
 def to_rgb(im):
     """A PIL image as 8-bit RGB: EXIF orientation applied, 16-bit / int / float modes scaled (not clipped) to 0-255,
     transparency composited on white (as qwen-vl-utils does), CMYK and palette converted."""
-    from PIL import Image, ImageOps
-
     im = ImageOps.exif_transpose(im)  # a phone JPEG stored sideways with an Orientation tag trains upright
     if im.mode in ("I;16", "I;16L", "I;16B", "I;16N", "I", "F"):
         arr = np.asarray(im, dtype=np.float64)  # [H, W]
@@ -87,8 +85,6 @@ def to_rgb(im):
 
 def load_image(image: Any):
     """A PIL RGB image from a path, a PIL image, Hugging Face {"bytes": ...}, or an HxWx3 uint8 array (see to_rgb)."""
-    from PIL import Image
-
     if isinstance(image, dict) and image.get("bytes") is not None:
         with Image.open(io.BytesIO(image["bytes"])) as im:
             return to_rgb(im)
@@ -129,8 +125,6 @@ def _aspect_problem(width: int, height: int, what: str) -> str | None:
 
 def _image_problem(image: Any) -> str | None:
     """Why `image` cannot be used, or None when it opens, decodes and the processor would accept its shape."""
-    from PIL import Image, UnidentifiedImageError
-
     if isinstance(image, dict):  # Hugging Face Image bytes: decode once now, so a corrupt one names its row
         try:
             im = load_image(image)
@@ -170,8 +164,6 @@ def text_problem(text: str, what: str = "question", tokens: tuple[str, ...] = VI
 
 def _image_value(image: Any, where: str, root: Path) -> Any:
     """A path (resolved against `root`), a PIL image or {"bytes"} from a row's image entry; else UserError naming `where`."""
-    from PIL import Image
-
     if isinstance(image, str):
         return str(image if Path(image).is_absolute() else root / image)
     if isinstance(image, dict) and image.get("bytes") is not None:  # an undecoded Hugging Face Image value
@@ -298,6 +290,7 @@ def hf_records(
     working directory). Without SPLIT our train / val split reads the dataset's train / validation split.
     """
     try:
+        # lazy: datasets is optional (not a dependency); only hf: records need it
         import datasets
     except ImportError:
         raise UserError(

@@ -258,6 +258,7 @@ class VLMPolicy:
     def state_dict(self) -> dict[str, Tensor]:
         """LoRA: the peft adapter state (keys as in adapter_model.safetensors); full FT: every trainable weight."""
         if self.is_peft:
+            # lazy: peft is heavy to import (seconds); only LoRA runs need it
             from peft import get_peft_model_state_dict
 
             return {k: v.detach().clone() for k, v in get_peft_model_state_dict(self.module.hf).items()}
@@ -272,6 +273,7 @@ class VLMPolicy:
                 f"missing {missing[:3]}, unexpected {extra[:3]}; load a checkpoint of the same recipe"
             )
         if self.is_peft:
+            # lazy: peft is heavy to import (seconds); only LoRA runs need it
             from peft import set_peft_model_state_dict
 
             set_peft_model_state_dict(self.module.hf, state)

@@ -29,6 +29,7 @@ SUPPRESS_BIAS = -100.0
 def import_vllm():
     """The vllm module, or a one-line UserError saying how to install it."""
     try:
+        # lazy: optional extra [vllm] (CUDA only)
         import vllm
     except ImportError as err:
         raise UserError(
@@ -51,6 +52,7 @@ def check_cuda(device: torch.device) -> None:
 # ----- weights
 def _full(t: Tensor) -> Tensor:
     """A plain tensor from a possibly FSDP2-sharded one (a collective: every rank iterates the weights in order)."""
+    # lazy: torch.distributed.tensor takes ~1 s to import; only FSDP runs need it
     from torch.distributed.tensor import DTensor
 
     return t.full_tensor() if isinstance(t, DTensor) else t
@@ -86,6 +88,7 @@ def merged_weights(hf: nn.Module) -> Iterator[tuple[str, Tensor]]:
     """(name, tensor) of every parameter of the transformers model under `hf`, named as that model's own
     state_dict (no peft prefixes, which is what vLLM's load_weights maps from), LoRA adapters merged in, one at a time
     so a 7B model is never copied whole."""
+    # lazy: peft is heavy to import (seconds); only LoRA runs need it
     from peft.tuners.lora import LoraLayer
 
     base = hf.get_base_model() if hasattr(hf, "get_base_model") else hf

@@ -6,10 +6,17 @@ adds the video records, frames and methods. Validation builds them from the reci
 `check_algo()` before any model is built; docs/config.md is generated from the field docstrings. No model code here.
 """
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from mmgrpo import losses
 from mmgrpo.errors import UserError
+from pipelines.vlm.data import check_eval_split, text_problem
+from pipelines.vlm.prefix import PREFIX_ATTENTION
+from pipelines.vlm.vision_cache import check_vision_cache
 
 FORMAT_INSTRUCTION = "Think inside <think></think>, then give only the final answer inside <answer></answer>."
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
@@ -20,9 +27,7 @@ PREFIX_SHARING = ("auto", "on", "off", True, False)
 def check_attn_implementation(attn_implementation: str, device: Any = None) -> None:
     """One line before any weight loads: the name must be a transformers attention kernel, and the flash kernels need
     CUDA and their package (transformers would otherwise fail mid-load with a message that names no field)."""
-    import importlib.util
-
-    import torch
+    # lazy: transformers is heavy to import (~1 s); validation runs before any model loads
     from transformers import AttentionInterface
 
     known = ["eager", *(k for k in AttentionInterface._global_mapping if "|" not in k)]
@@ -130,8 +135,6 @@ class ModelSettings:
 
     def check(self) -> None:
         """Ranges, choices and the fields' own cross-checks, each error naming the field, the value and the fix."""
-        from pipelines.vlm.data import check_eval_split
-
         if not self.model:
             raise UserError("pipeline.kwargs.model is empty; pass a hub id, a local directory or tiny-random-qwen2-vl")
         check_eval_split(self.eval_split)
@@ -156,8 +159,6 @@ class ModelSettings:
         self._check_forward()
 
     def _check_sampling(self) -> None:
-        from pipelines.vlm.data import text_problem
-
         at_least(self, "max_new_tokens", 1)
         limit = self.max_prompt_length
         if limit is not None and limit < 1:
@@ -180,9 +181,6 @@ class ModelSettings:
                 raise UserError(f"pipeline.kwargs.{key}: {problem}")
 
     def _check_forward(self) -> None:
-        from pipelines.vlm.prefix import PREFIX_ATTENTION
-        from pipelines.vlm.vision_cache import check_vision_cache
-
         if self.prefix_sharing not in PREFIX_SHARING:
             raise UserError(f"pipeline.kwargs.prefix_sharing ({self.prefix_sharing!r}) must be auto, on or off")
         if self.prefix_attention not in PREFIX_ATTENTION:
@@ -203,8 +201,6 @@ class ModelSettings:
 
     def check_algo(self, algo: Any) -> None:
         """reference none leaves nothing for a KL term or a reference-based loss (DPO) to compare with."""
-        from mmgrpo import losses
-
         if self.reference != "none":
             return
         needs = [f"algo.{k} ({getattr(algo, k)})" for k in ("kl_coef", "kl_reward_coef") if getattr(algo, k) > 0]
@@ -255,6 +251,7 @@ class VLMSettings(ModelSettings):
         self._check_rollout()
 
     def _check_rollout(self) -> None:
+        # lazy: pipelines.vlm.rollout imports transformers; validation stays light
         from pipelines.vlm.rollout import ROLLOUT_BACKENDS
 
         if self.rollout_backend not in ROLLOUT_BACKENDS:

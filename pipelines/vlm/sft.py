@@ -18,7 +18,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from mmgrpo.config import load_config
 from mmgrpo.errors import UserError
+from pipelines.vlm.build import build_vlm
 from pipelines.vlm.methods import thought_dropout
 from pipelines.vlm.prefix import completion_logp
 
@@ -98,9 +100,6 @@ def save_model(policy: Any, out: str | Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> list[float]:
-    from mmgrpo.config import load_config
-    from pipelines.vlm.build import build_vlm
-
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the GRPO recipe (model, data, ...)")

@@ -5,7 +5,25 @@ For tests and the CPU recipe only: weights are random; the directory loads throu
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
+
+import torch
+from transformers import (
+    AddedToken,
+    AutoModelForImageTextToText,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLProcessor,
+    Qwen2Tokenizer,
+    Qwen2VLConfig,
+    Qwen2VLImageProcessor,
+    Qwen2VLProcessor,
+    Qwen2VLVideoProcessor,
+    Qwen3VLConfig,
+    Qwen3VLProcessor,
+    Qwen3VLVideoProcessor,
+)
 
 TINY_MODELS = {
     "tiny-random-qwen2-vl": "qwen2_vl",
@@ -58,8 +76,6 @@ def qwen_tokenizer(out_dir: str | os.PathLike):
 
     Ids: bytes 0..255, then the 7 specials (pad <|endoftext|>, eos <|im_end|>), then the 4 tags: vocabulary 267.
     """
-    from transformers import AddedToken, Qwen2Tokenizer
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     vocab = {s: i for i, s in enumerate(_byte_symbols())}
@@ -80,8 +96,6 @@ def qwen_tokenizer(out_dir: str | os.PathLike):
 
 def _config(kind: str, tok):
     """Qwen2-VL, Qwen2.5-VL or Qwen3-VL config with hidden 64, 2 text layers, 2 vision blocks (about 0.2M parameters)."""
-    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen3VLConfig
-
     ids = {name: tok.convert_tokens_to_ids(name) for name in SPECIALS}
     text = {
         "vocab_size": len(tok),
@@ -136,11 +150,7 @@ def _config(kind: str, tok):
 
 
 def _processor(kind: str, tok, *, min_pixels: int, max_pixels: int):
-    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor, Qwen2VLProcessor, Qwen2VLVideoProcessor
-
     if kind == "qwen3_vl":
-        from transformers import Qwen3VLProcessor, Qwen3VLVideoProcessor
-
         image = Qwen2VLImageProcessor(patch_size=16, min_pixels=min_pixels, max_pixels=max_pixels)
         video = Qwen3VLVideoProcessor(patch_size=16, size={"shortest_edge": min_pixels, "longest_edge": max_pixels})
         return Qwen3VLProcessor(
@@ -166,12 +176,8 @@ def save_tiny_vlm(
     for Qwen3-VL: 4 to 16 image tokens), which keeps CPU steps fast.
     Returns out_dir as a string, loadable with AutoProcessor / AutoModelForImageTextToText.from_pretrained.
     """
-    import torch
-    from transformers import AutoModelForImageTextToText
-
     if kind not in TINY_MODELS.values():
         raise ValueError(f"kind={kind!r} must be one of {sorted(TINY_MODELS.values())}")
-    import tempfile
 
     merged = 32 if kind == "qwen3_vl" else 28  # patch 16 or 14, spatial merge 2
     min_pixels, max_pixels = min_pixels or (2 * merged) ** 2, max_pixels or (4 * merged) ** 2
@@ -205,7 +211,5 @@ def tiny_model_dir(name: str, cache_dir: str | os.PathLike | None = None) -> str
         try:
             os.replace(tmp, out)  # atomic, so a concurrent builder never sees half a directory
         except OSError:
-            import shutil
-
             shutil.rmtree(tmp, ignore_errors=True)  # another process won the race; its copy is complete
     return str(out)

@@ -61,6 +61,7 @@ def _digest(pixels: Tensor) -> bytes:
     xxhash package is installed (datasets depends on it), else SHA-1 (about 2 GB/s)."""
     flat = pixels.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
     try:
+        # lazy: xxhash is optional (SHA-1 without it)
         import xxhash
     except ImportError:
         return hashlib.sha1(flat, usedforsecurity=False).digest()

@@ -6,6 +6,7 @@ A leaf of pipelines/vlm: the policy, the rollout backends, the vision cache and 
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
 
 
 def unwrap(hf: nn.Module) -> nn.Module:
@@ -33,14 +34,13 @@ def needs_synced_gpus(model: nn.Module, *, world_size: int | None = None, distri
 
 def fsdp_managed(model: nn.Module) -> bool:
     """Whether any module of `model` is FSDP-wrapped (FSDP2 fully_shard swaps in FSDPModule subclasses in place)."""
-    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-
     return any(isinstance(m, (FSDPModule, FullyShardedDataParallel)) for m in model.modules())
 
 
 def _accelerate_distributed_type() -> str | None:
     """accelerate's distributed type when an Accelerator exists, else None (never creates accelerate state)."""
     try:
+        # lazy: accelerate adds ~0.1 s to `import pipelines`; only the FSDP check needs it
         from accelerate.state import AcceleratorState
     except ImportError:
         return None
