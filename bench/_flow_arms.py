@@ -11,8 +11,12 @@ from typing import Any
 
 import torch
 import yaml
+from torch.utils.flop_counter import FlopCounterMode
 
 from bench.common import fit_slope, summarise, training_iteration
+from mmgrpo.collect import reward_fields
+from mmgrpo.config import load_config
+from mmgrpo.setup import setup
 
 
 def val_spec(tree: dict) -> str:
@@ -28,9 +32,6 @@ def make_run(out_dir: Path, base: dict, *, plan: str | None, plan_kwargs: dict |
     Changed from the recipe: the plan (None keeps the recipe's), prompts per iteration, k_chunk (the same in every
     arm, so no arm pays for a bigger backward than another), run.seed and any `pipeline_kwargs` (e.g. same-noise
     groups for the MixGRPO arm, as MixGRPO's recipe has them)."""
-    from mmgrpo.config import load_config
-    from mmgrpo.setup import setup
-
     tree = copy.deepcopy(base)
     tree["run"].update({"output_dir": str(out_dir), "seed": seed, "checkpoint_every": 0, "gallery_every": 0,
                         "resume": "never", "progress": False, "report": False, "log_every": 10**6})
@@ -110,8 +111,6 @@ class Evaluator:
 
     @torch.no_grad()
     def __call__(self, run: Any) -> dict[str, float]:
-        from mmgrpo.collect import reward_fields
-
         t0, pol = time.perf_counter(), run.policy
         saved = (pol.noise_level, pol.plan_name, pol.plan_kwargs, pol.same_noise, pol.iteration, pol.last_plan)
         # one fresh noise per image even for a same-noise arm (else a prompt's 8 ODE images would be one image)
@@ -136,8 +135,6 @@ class Evaluator:
 
 def forward_flops(run: Any) -> float:
     """FLOPs of one transformer evaluation (one latent, no CFG) at the recipe's resolution and prompt length."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     pol = run.policy
     cond = pol.model.encode(["a red circle"])
     x = torch.zeros(1, *pol.model.latent_shape())

@@ -12,6 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pipelines.flow.build import shapes_prompts
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml
@@ -48,7 +50,6 @@ def main(argv: list[str] | None = None) -> None:
     quiet_process()
     flow.quiet()
     t0 = time.perf_counter()
-    from pipelines.flow.build import shapes_prompts
 
     base = yaml.safe_load(flow.RECIPE.read_text())
     if args.constant_lr:

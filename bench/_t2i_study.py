@@ -26,6 +26,15 @@ import sys
 import time
 from pathlib import Path
 
+from bench._t2i_study_report import write_report
+from mmgrpo import checkpoint
+from mmgrpo.config import load_config
+from mmgrpo.runtime import prompt_seed
+from mmgrpo.setup import build_task
+from mmgrpo_shapes.verifier import verify
+from pipelines.flow.build import shapes_prompts
+from pipelines.flow.compare import EVAL_OVERRIDES
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
@@ -79,8 +88,6 @@ ARMS: dict[str, list[str]] = {
 
 
 def load(overrides: list[str]):
-    from mmgrpo.config import load_config
-
     return load_config(RECIPE, overrides)
 
 
@@ -107,12 +114,6 @@ def train(run_dir: Path, overrides: list[str], steps: int, every: int, log: Path
 @torch.no_grad()
 def score(cfg, ckpt: Path | None, data: str, group_size: int) -> dict:
     """Per category: strict, partial, objects per image, and within-prompt pixel diversity (mean pairwise RMS)."""
-    from mmgrpo import checkpoint
-    from mmgrpo.runtime import prompt_seed
-    from mmgrpo.setup import build_task
-    from mmgrpo_shapes.verifier import verify
-    from pipelines.flow.build import shapes_prompts
-
     task = build_task(cfg, torch.device("cpu"))
     task.policy.for_evaluation()
     if ckpt is not None:
@@ -146,7 +147,6 @@ def lora_norm(ckpt: Path | None) -> float:
     """Frobenius norm of the product B A summed over LoRA layers (0 for the base model)."""
     if ckpt is None:
         return 0.0
-    from mmgrpo import checkpoint
 
     w = checkpoint.load(ckpt, 0)["weights"]
     total = 0.0
@@ -184,8 +184,6 @@ def record(row: dict) -> None:
 
 def evaluate_point(arm: str, seed: int, mult: int, budget: int, ckpt: Path | None, overrides: list[str],
                    metrics: Path | None, train_s: float, test_only: bool) -> None:
-    from pipelines.flow.compare import EVAL_OVERRIDES
-
     cfg = load([*overrides, f"run.seed={seed}", *EVAL_OVERRIDES])
     t0 = time.perf_counter()
     row = {"arm": arm, "seed": seed, "mult": mult, "steps": mult * budget, "budget": budget,
@@ -243,7 +241,6 @@ def main(argv: list[str] | None = None) -> int:
         for arm in args.arms:
             for seed in args.seeds:
                 run_arm(arm, seed, sorted(args.mults), budget, args.out, args.test_only)
-    from bench._t2i_study_report import write_report
 
     print(f"wrote {write_report(stored(), DOC)}")
     return 0

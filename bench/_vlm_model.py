@@ -4,11 +4,18 @@ the leading "_" keeps bench/run_all.py from running it as a benchmark.
 """
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
+from PIL import Image
+from torch.profiler import ProfilerActivity, profile
+
+from mmgrpo.runtime import profiler_peak_bytes
+from pipelines.vlm.prefix import completion_logp
 
 GROUP, COMPLETION = 8, 128
 IMAGE_SIDE = {256: 224, 512: 336, 1024: 448}  # 64, 144, 256 merged image tokens: about a quarter of each prefix
@@ -21,6 +28,7 @@ def bench_vlm(hidden: int = 256, layers: int = 4) -> str:
     Wider and deeper than `tiny-random-qwen2-vl` (hidden 64, 2 layers) so that attention and MLP, not Python, set the
     cost; vision tower 2 blocks of width 64. Images up to 448x448 px (256 merged image tokens).
     """
+    # lazy: transformers is heavy to import (~1 s); bench.scaling imports this module for its other axes
     from transformers import AutoModelForImageTextToText, Qwen2VLConfig
 
     from pipelines.vlm.tiny import SPECIALS, _processor, qwen_tokenizer
@@ -55,13 +63,13 @@ def bench_vlm(hidden: int = 256, layers: int = 4) -> str:
     try:
         os.rename(tmp, path)
     except OSError:  # another process built it first
-        import shutil
 
         shutil.rmtree(tmp, ignore_errors=True)
     return str(path)
 
 
 def load(path: str, attn: str = "sdpa"):
+    # lazy: transformers is heavy to import (~1 s); bench.scaling imports this module for its other axes
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     proc = AutoProcessor.from_pretrained(path)
@@ -71,9 +79,6 @@ def load(path: str, attn: str = "sdpa"):
 
 def prefix_encoding(proc: Any, prefix: int, side: int) -> dict[str, Any]:
     """Processor inputs of one chat prompt (a random side x side image + filler text) exactly `prefix` tokens long."""
-    import numpy as np
-    from PIL import Image
-
     img = Image.fromarray(np.random.default_rng(side).integers(0, 255, (side, side, 3), dtype=np.uint8))
 
     def enc(question: str) -> dict[str, Any]:
@@ -106,8 +111,6 @@ class Case:
 
     def logp(self, shared: bool, attention: str = "auto") -> torch.Tensor:
         """Log-probs [G, K]; `attention` is completion_logp's prefix_attention (auto: grouped here)."""
-        from pipelines.vlm.prefix import completion_logp
-
         lp, _ = completion_logp(self.model.model, self.model.lm_head, self.prompts, self.completions, self.lengths,
                                 shared=shared, pad_id=self.pad_id, prefix_attention=attention)
         return lp  # [G, K]
@@ -128,10 +131,6 @@ def profile_step(fn) -> tuple[int, float]:
     every allocator alloc (+bytes) and free (-bytes); the peak of their running sum in time order. Deterministic for
     a fixed program, so one measurement per arm is enough (tracemalloc does not see torch's CPU allocator).
     """
-    from torch.profiler import ProfilerActivity, profile
-
-    from mmgrpo.runtime import profiler_peak_bytes
-
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     peak = profiler_peak_bytes(prof)

@@ -14,6 +14,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from mmgrpo.trainer import train_step
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 SECTIONS_DIR = BENCH_DIR / "sections"
@@ -71,8 +75,6 @@ def training_iteration(run: Any, step: int) -> tuple[Any, float, float]:
     """One training iteration of a `mmgrpo.setup.Run`: `mmgrpo.trainer.train_step`, the very call the training loop
     makes (minus logging and checkpoints). Returns (the collected batch, rollout seconds, update seconds), the
     update's being the advantages and the optimizer steps."""
-    from mmgrpo.trainer import train_step
-
     t0 = time.perf_counter()
     batch, metrics, _ = train_step(run, step)
     total = time.perf_counter() - t0
@@ -129,8 +131,6 @@ def cpu_model() -> str:
 
 def machine() -> str:
     """One line: CPU model, cores usable/total, load average, torch version and threads, GPU if any, Python."""
-    import torch
-
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = "/".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
@@ -141,8 +141,6 @@ def machine() -> str:
 
 def matmul_gflops(n: int = 512, repeats: int = 5) -> float:
     """This process's measured fp32 matrix-multiply rate in GFLOP/s (best of `repeats`), for achieved fractions."""
-    import torch
-
     a, b = torch.randn(n, n), torch.randn(n, n)
     a @ b
     best = float("inf")
@@ -264,6 +262,7 @@ def results_header(machine_line: str, when: str, commit: str) -> str:
 
 def save_plot(fig: Any, name: str) -> Path:
     """Save a matplotlib figure as bench/plots/<name>.png (and close it); returns the path."""
+    # lazy: matplotlib is heavy to import (~0.6 s); only the plots need it
     import matplotlib.pyplot as plt
 
     PLOTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -275,9 +274,11 @@ def save_plot(fig: Any, name: str) -> Path:
 
 def pyplot():
     """matplotlib.pyplot on the Agg backend (no display needed)."""
+    # lazy: matplotlib is heavy to import (~0.6 s); only the plots need it
     import matplotlib
 
     matplotlib.use("Agg")
+    # lazy: pyplot after matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
@@ -286,8 +287,6 @@ def pyplot():
 def quiet_process(threads: int = 1, niceness: int = 10) -> None:
     """What every benchmark script does first: few threads (the machine is shared, and ratios are steadier) and a
     low priority, so a run disturbs other work less than other work disturbs it."""
-    import torch
-
     torch.set_num_threads(threads)
     if hasattr(os, "nice") and os.nice(0) < niceness:
         os.nice(niceness - os.nice(0))

@@ -15,6 +15,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from bench.vlm_prefix import Case, bench_vlm, load
+from bench.vlm_vs_trl import mmgrpo_arm, register_reward
+from mmgrpo.config import load_config
+from mmgrpo.setup import setup
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -65,6 +73,7 @@ def loglog(times: dict[int, list[float]]) -> dict[str, Any]:
 
 def quiet_libraries() -> None:
     """Silence diffusers/transformers progress bars and loading notices in the bench output."""
+    # lazy: diffusers and transformers are heavy to import; only main() needs them (to quiet their logs)
     import diffusers
     import transformers
 
@@ -77,9 +86,6 @@ def count_flops(fn: Callable[[], Any]) -> float:
     """FLOPs of one call as torch's FlopCounterMode counts them (matmuls, convolutions and attention, forward and
     backward; elementwise work is not counted). SDPA runs on its math backend here: torch counts nothing for the CPU
     flash kernel, and the math backend counts each call's whole query x key rectangle, masked part included."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.utils.flop_counter import FlopCounterMode
-
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
         fn()
     return float(fc.get_total_flops())
@@ -101,9 +107,6 @@ class Iteration:
 
 def quiet_run(tree: dict, out_dir: Path):
     """`mmgrpo.setup.Run` of a config tree with no progress bar, report, checkpoints or logging."""
-    from mmgrpo.config import load_config
-    from mmgrpo.setup import setup
-
     tree["run"].update({"output_dir": str(out_dir), "seed": 0, "steps": 10_000, "checkpoint_every": 0,
                         "gallery_every": 0, "resume": "never", "progress": False, "report": False,
                         "log_every": 10_000})
@@ -129,9 +132,6 @@ def axis_steps(tmp: Path, steps: list[int]) -> dict[int, Callable[[], Any]]:
 
 def axis_group(tmp: Path, groups: list[int], hidden: int, layers: int) -> dict[int, Callable[[], Any]]:
     """VLM pipeline, one prompt per iteration, G completions of at most 32 tokens; one full iteration per call."""
-    from bench.vlm_prefix import bench_vlm
-    from bench.vlm_vs_trl import mmgrpo_arm
-
     model = bench_vlm(hidden, layers)
     iters = {}
     for g in groups:
@@ -142,16 +142,12 @@ def axis_group(tmp: Path, groups: list[int], hidden: int, layers: int) -> dict[i
 
 def axis_prefix(prefixes: list[int], hidden: int, layers: int) -> dict[int, Callable[[], Any]]:
     """VLM update only: prefix-shared forward+backward of G = 8 completions of 128 tokens after a P-token prompt."""
-    from bench.vlm_prefix import Case, bench_vlm, load
-
     proc, model = load(bench_vlm(hidden, layers))
     cases = {p: Case(model, proc, p) for p in prefixes}
     return {p: (lambda c=c: c.step(True)) for p, c in cases.items()}
 
 
 def video_run(out_dir: Path, model: str, frames: int):
-    from bench.vlm_vs_trl import register_reward
-
     tree = {
         "run": {},
         "pipeline": {"name": "video", "kwargs": {
@@ -169,8 +165,6 @@ def video_run(out_dir: Path, model: str, frames: int):
 
 def axis_frames(tmp: Path, frames: list[int], hidden: int, layers: int) -> dict[int, Callable[[], Any]]:
     """Video pipeline (ShapesWorld video, 224 px frames), G = 8, one full iteration per call."""
-    from bench.vlm_prefix import bench_vlm
-
     model = bench_vlm(hidden, layers)
     return {f: Iteration(video_run(tmp / f"video_f{f}", model, f)) for f in frames}
 

@@ -12,6 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+from torch.utils.flop_counter import FlopCounterMode
+
+from pipelines.video.build import build_video
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -54,16 +58,12 @@ def iteration(task, prompts: list, group: int, mode: str) -> int:
 
 
 def flops(task, prompts: list, group: int, mode: str) -> float:
-    from torch.utils.flop_counter import FlopCounterMode
-
     with FlopCounterMode(display=False) as fc:
         iteration(task, prompts, group, mode)
     return float(fc.get_total_flops())
 
 
 def measure(frames: int, prefix_sharing: str, *, group: int, repeats: int, resolution: int) -> dict:
-    from pipelines.video.build import build_video
-
     task = build_video(seed=0, device=torch.device("cpu"), model=MODEL, train_size=2, eval_size=1,
                        num_frames=frames, shapes_resolution=resolution, lora_rank=8, max_new_tokens=16,
                        pixels_per_frame=resolution**2, prefix_sharing=prefix_sharing)

@@ -12,6 +12,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -57,9 +60,6 @@ def forward_flops(case: Case, shared: bool, attention: str = "auto") -> float:
     in both arms alike (tests/test_vlm_prefix.py::test_grouped_flops_formula checks this convention on the grouped
     function: 4 H D (P^2 + G C (P + C)) per row).
     """
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.utils.flop_counter import FlopCounterMode
-
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
         case.logp(shared, attention)
     return float(fc.get_total_flops())
@@ -264,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rss-child", nargs=3, metavar=("PATH", "PREFIX", "ARM"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     quiet_process()
+    # lazy: transformers is heavy to import (~1 s); bench.scaling imports this module for its other axes
     import transformers
 
     transformers.utils.logging.set_verbosity_error()

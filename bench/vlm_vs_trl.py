@@ -11,6 +11,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from mmgrpo.config import load_config
+from mmgrpo.setup import setup
+from pipelines.vlm.build import FORMAT_INSTRUCTION
+from pipelines.vlm.data import load_image
+from rewards.api import REWARDS, FunctionReward
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -46,8 +55,6 @@ def tag_score(text: str) -> float:
 
 def register_reward() -> str:
     """The bench-only text reward in mmgrpo's registry (TRL gets the same function, see `trl_reward`)."""
-    from rewards.api import REWARDS, FunctionReward
-
     if REWARD not in REWARDS.names():
         REWARDS.register(REWARD, input="text", range="[0, 1]", paper="bench-only")(
             lambda: FunctionReward(lambda samples, prompts, **_: [tag_score(s) for s in samples], name=REWARD,
@@ -66,9 +73,6 @@ def trl_reward(completions: list[Any], **_: Any) -> list[float]:
 
 def mmgrpo_arm(out_dir: Path, model: str, s: dict[str, Any]):
     """A `mmgrpo.setup.Run` of the vlm pipeline with the shared settings (no progress bar, report or checkpoints)."""
-    from mmgrpo.config import load_config
-    from mmgrpo.setup import setup
-
     tree = {
         "run": {"output_dir": str(out_dir), "seed": 0, "steps": 10_000, "checkpoint_every": 0, "resume": "never",
                 "progress": False, "report": False, "log_every": 10_000},
@@ -115,12 +119,10 @@ class MmgrpoIter:
 
 def trl_trainer(model_dir: str, out_dir: Path, records: list[dict[str, Any]], s: dict[str, Any]):
     """TRL's GRPOTrainer on the same model (float32, SDPA), the same prompts, reward and settings."""
+    # lazy: trl and datasets are the optional extra [bench]; transformers is heavy to import (~1 s)
     from datasets import Dataset
     from transformers import AutoModelForImageTextToText, AutoProcessor
     from trl import GRPOConfig, GRPOTrainer
-
-    from pipelines.vlm.build import FORMAT_INSTRUCTION
-    from pipelines.vlm.data import load_image
 
     n = s["prompts"] * s["group"]
     args = GRPOConfig(output_dir=str(out_dir), per_device_train_batch_size=n, num_generations=s["group"],
@@ -184,6 +186,7 @@ def trl_fitted_peak(tr: TrlIter, trainer: Any) -> int:
     to the vocabulary size gives the same log-probs (the tiles are sliced to the vocabulary) with the buffer a real
     one-chunk logits tensor would take, which is the fair comparison for a small-vocabulary model.
     """
+    # lazy: optional extra [bench]
     import trl.trainer.utils as trl_utils
 
     old = trl_utils._CHUNKED_LOGPROB_CHUNK_SIZE
@@ -198,9 +201,6 @@ def iteration_flops(fn) -> float:
     """FLOPs of one iteration as it runs (every forward: generation and log-probs, and the backward), counted by
     torch's FlopCounterMode. torch counts nothing for its CPU flash-attention kernel, so the count runs SDPA on the math
     backend, which decomposes each call into counted matmuls over its whole query x key rectangle (both arms alike)."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.utils.flop_counter import FlopCounterMode
-
     with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
         fn()
     return float(fc.get_total_flops())
@@ -353,6 +353,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=None)
     args = ap.parse_args(argv)
     quiet_process()
+    # lazy: transformers is heavy, trl an optional extra [bench]
     import transformers
     import trl
 
