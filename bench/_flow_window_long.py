@@ -12,8 +12,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipelines.flow.build import shapes_prompts
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml
@@ -21,6 +19,7 @@ import yaml
 from bench import flow
 from bench._flow_arms import Evaluator, change, gain, make_run, val_spec
 from bench.common import machine, md_table, now_utc, quiet_process, write_section, write_summary
+from pipelines.flow.build import shapes_prompts
 
 WINDOW = "window (MixGRPO)"
 

@@ -26,6 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
 from bench._t2i_study_report import write_report
 from mmgrpo import checkpoint
 from mmgrpo.config import load_config
@@ -34,10 +38,6 @@ from mmgrpo.setup import build_task
 from mmgrpo_shapes.verifier import verify
 from pipelines.flow.build import shapes_prompts
 from pipelines.flow.compare import EVAL_OVERRIDES
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "configs" / "flow" / "shapes_t2i.yaml"

@@ -18,11 +18,6 @@ from typing import Any
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from bench.vlm_prefix import Case, bench_vlm, load
-from bench.vlm_vs_trl import mmgrpo_arm, register_reward
-from mmgrpo.config import load_config
-from mmgrpo.setup import setup
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -45,6 +40,10 @@ from bench.common import (
     write_section,
     write_summary,
 )
+from bench.vlm_prefix import Case, bench_vlm, load
+from bench.vlm_vs_trl import mmgrpo_arm, register_reward
+from mmgrpo.config import load_config
+from mmgrpo.setup import setup
 
 
 def sweep(fns: dict[int, Callable[[], Any]], *, rounds: int, warmup: int = 1) -> dict[int, list[float]]:

@@ -14,8 +14,6 @@ from pathlib import Path
 
 from torch.utils.flop_counter import FlopCounterMode
 
-from pipelines.video.build import build_video
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -33,6 +31,7 @@ from bench.common import (
     write_section,
     write_summary,
 )
+from pipelines.video.build import build_video
 
 MODEL = "tiny-random-qwen2-vl"
 

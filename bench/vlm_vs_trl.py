@@ -14,12 +14,6 @@ from typing import Any
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from mmgrpo.config import load_config
-from mmgrpo.setup import setup
-from pipelines.vlm.build import FORMAT_INSTRUCTION
-from pipelines.vlm.data import load_image
-from rewards.api import REWARDS, FunctionReward
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -42,6 +36,11 @@ from bench.common import (
     write_section,
     write_summary,
 )
+from mmgrpo.config import load_config
+from mmgrpo.setup import setup
+from pipelines.vlm.build import FORMAT_INSTRUCTION
+from pipelines.vlm.data import load_image
+from rewards.api import REWARDS, FunctionReward
 
 TARGETS = {"time": 2.0, "memory": 0.7}  # issue 9: mmgrpo >= 2x faster per iteration, <= 0.7x TRL's peak memory
 TAGS = ("<think>", "</think>", "<answer>", "</answer>")
