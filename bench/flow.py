@@ -50,6 +50,8 @@ from bench.common import (
     write_section,
     write_summary,
 )
+from pipelines.flow.build import shapes_prompts
+from pipelines.flow.plan import count_nfe, depth_of_steps
 
 RECIPE = REPO / "configs" / "flow" / "shapes_t2i.yaml"
 TARGETS = {"tree": 3.0, "window": 2.0}  # issue 9: tree >= 3x faster per iteration; window >= 2x gain per second
@@ -70,6 +72,7 @@ WINDOW_ARMS = {BASE: ("independent", {"train": "all"}, None),
 
 def quiet() -> None:
     """Silence diffusers/transformers progress bars and loading notices in the bench output."""
+    # lazy: diffusers and transformers are heavy to import; only main() needs them (to quiet their logs)
     import diffusers
     import transformers
 
@@ -151,8 +154,6 @@ def arm_figures(outs_by_arm: dict[str, list[dict]], fwd: float, gflops: float) -
 
 
 def tree_section(res: dict, setting: dict, fwd: float, gflops: float) -> tuple[str, dict]:
-    from pipelines.flow.plan import count_nfe, depth_of_steps
-
     arms, (figs, rows) = res["arms"], arm_figures(res["outs"], fwd, gflops)
     ind = figs["independent"]
     g_ind = {m: gain(arms["independent"].curve, m, "iteration") for m in ("partial", "strict")}
@@ -284,7 +285,6 @@ def main(argv: list[str] | None = None) -> None:
     quiet_process()
     quiet()
     t_start = time.perf_counter()
-    from pipelines.flow.build import shapes_prompts
 
     base = yaml.safe_load(RECIPE.read_text())
     setting = {"prompts_per_iter": 2 if args.quick else 4, "rounds": args.rounds or (2 if args.quick else 10),

@@ -3,11 +3,18 @@ the objective and GRPO-Guard / VGPO / SAGE-GRPO switches, checked before any mod
 No model code here: diffusers loads only in build.py.
 """
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
+from mmgrpo import losses
+from mmgrpo.advantages.anchored import _check_anchor
 from mmgrpo.errors import UserError
+from pipelines.flow import plan as plans
+from pipelines.flow import sde as sde_mod
+from pipelines.flow.models import EPS_TYPES
 from pipelines.flow.objectives import OBJECTIVES
+from pipelines.flow.vgpo import ANCHOR_KEYS
 
 TORCH_DTYPES = ("float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 ATTENTION = ("sdpa", "xformers")
@@ -100,10 +107,6 @@ class FlowSettings:
 
     def check_algo(self, algo: Any) -> None:
         """A switch that hands the loss extra per-element inputs needs a loss that takes them (GRPO-Guard's)."""
-        import inspect
-
-        from mmgrpo import losses
-
         def params(name: str):
             return inspect.signature(losses.POLICY_LOSSES.get(name)).parameters
 
@@ -123,8 +126,6 @@ class FlowSettings:
 def check_flow_settings(s: FlowSettings) -> None:
     """The checks `build_flow` makes before loading anything; the engine's validation (`mmgrpo config`, `train`)
     runs them too (FlowSettings.check), so a bad plan or step kind fails before any model loads."""
-    from pipelines.flow import sde as sde_mod
-
     kw = vars(s)
     sde, plan, plan_kwargs, objective = kw["sde"], kw["plan"], kw["plan_kwargs"], kw["objective"]
     num_steps, lora_rank, k_chunk, nft_steps = kw["num_steps"], kw["lora_rank"], kw["k_chunk"], kw["nft_steps"]
@@ -174,8 +175,6 @@ def _check_guard(objective: str, ratio_norm: bool, step_weights: str) -> None:
 
 def _check_plan(plan: str, plan_kwargs: dict, objective: str) -> None:
     """Plan name and keywords before any model loads (e.g. granularities on a tree plan fail here)."""
-    from pipelines.flow import plan as plans
-
     if plan not in plans.SCHEDULES:
         raise UserError(f"pipeline.kwargs.plan: {plans.SCHEDULES.unknown_message(plan)}")
     try:
@@ -196,8 +195,6 @@ def _check_plan(plan: str, plan_kwargs: dict, objective: str) -> None:
 def _dry_run_plan(plan: str, plan_kwargs: dict, *, num_steps: int, sde: str, same_noise: bool) -> None:
     """Build the plan once for a group size its own kwargs imply, so bad values (window past num_steps, split steps
     out of range, an unknown width_prune...) fail before the model loads; the real group size is checked at rollout."""
-    from pipelines.flow import plan as plans
-
     kw = dict(plan_kwargs)
     if plan == "tree":  # group = roots * fanout^splits; without split_steps the group size decides them: one split
         splits = len(kw["split_steps"]) if isinstance(kw.get("split_steps"), list | tuple) else 1
@@ -217,8 +214,6 @@ def _dry_run_plan(plan: str, plan_kwargs: dict, *, num_steps: int, sde: str, sam
 
 def _check_ddim(sde: str, model_type: str | None, objective: str, step_weights: str) -> None:
     """sde ddim steps on alpha_bar, not a flow sigma: no flow-only objective or sigma-based step weights with it."""
-    from pipelines.flow.models import EPS_TYPES
-
     if model_type is not None and (sde == "ddim") != (model_type in EPS_TYPES):
         raise UserError(f"pipeline.kwargs.sde ({sde!r}) does not fit model_type {model_type!r}: epsilon-prediction "
                         f"UNets ({', '.join(EPS_TYPES)}) take sde ddim, flow models flow_grpo, dance or cps")
@@ -232,8 +227,6 @@ def _check_value_anchor(value_anchor, plan_kwargs: dict, objective: str) -> None
     """VGPO's per-step credit (pipelines/flow/vgpo.py): keys of value_anchored, an SDE objective, no granularities."""
     if value_anchor is None:
         return
-    from mmgrpo.advantages.anchored import _check_anchor
-    from pipelines.flow.vgpo import ANCHOR_KEYS
 
     bad = sorted(set(value_anchor) - set(ANCHOR_KEYS)) if isinstance(value_anchor, dict) else None
     if bad is None or bad:

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from transformers.video_utils import VideoMetadata
 
 from mmgrpo.types import Rollout
 from pipelines.video import methods as vm
@@ -18,6 +19,7 @@ from pipelines.video.io import read_frames, sample_indices, video_info
 from pipelines.video.settings import FrameSettings
 from pipelines.vlm.methods import answer_token_mask
 from pipelines.vlm.policy import VLMPolicy
+from rewards import load
 
 
 @dataclass
@@ -48,8 +50,6 @@ class VideoPolicy(VLMPolicy):
         self.augment_reward = None
         self.evaluating = False  # set by for_evaluation
         if methods.augment:
-            from rewards import load
-
             spec = methods.augment_reward
             name, kw = (spec, {}) if isinstance(spec, str) else (spec["name"], dict(spec.get("kwargs") or {}))
             self.augment_reward = load(name, **kw)
@@ -73,8 +73,6 @@ class VideoPolicy(VLMPolicy):
                noise_seed: int | None = None) -> dict[str, Any]:
         """Processor inputs (batch of 1, on the device) for one record: sampled frames (optionally noisier or shuffled)
         with their metadata, so Qwen2.5-VL's `second_per_grid_ts` follows the real sampling rate."""
-        from transformers.video_utils import VideoMetadata
-
         f = self.frames
         info = video_info(record["video"], backend=f.backend)
         idx = sample_indices(info.num_frames, info.fps, mode=f.mode, num_frames=f.num_frames, fps=f.fps,

@@ -7,6 +7,8 @@ whose defaults the frame fields take. No model code here.
 from dataclasses import dataclass
 
 from mmgrpo.errors import UserError
+from pipelines.video.io import BACKENDS, MODES, STRATEGIES
+from pipelines.video.methods import check_template
 from pipelines.vlm.settings import ModelSettings, at_least
 
 TEMPORAL = ("none", "generate", "logp_gap")
@@ -102,8 +104,6 @@ class VideoSettings(ModelSettings):
         self._check_methods()
 
     def _check_frames(self) -> None:
-        from pipelines.video.io import BACKENDS, MODES, STRATEGIES
-
         for key, choices in (("frame_mode", MODES), ("frame_strategy", STRATEGIES), ("video_backend", BACKENDS)):
             if getattr(self, key) not in choices:
                 raise UserError(f"pipeline.kwargs.{key} ({getattr(self, key)!r}) must be one of {choices}")
@@ -116,8 +116,6 @@ class VideoSettings(ModelSettings):
                 raise UserError(f"pipeline.kwargs.{key} ({getattr(self, key)}) must be > 0")
 
     def _check_methods(self) -> None:
-        from pipelines.video.methods import check_template
-
         if self.temporal not in TEMPORAL:
             raise UserError(f"pipeline.kwargs.temporal ({self.temporal!r}) must be one of {TEMPORAL}: 'generate' is "
                             f"Video-R1's T-GRPO (extra rollouts on shuffled frames), 'logp_gap' re-scores the same "
