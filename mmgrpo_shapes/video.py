@@ -198,7 +198,7 @@ def write_mp4(path: str | Path, frames: np.ndarray, fps: int, *, codec: str = "l
 
     Returns the codec used. H and W must be even (yuv420p).
     """
-    import av
+    import av  # lazy: PyAV takes ~0.1 s to import; only writing a clip needs it (as pipelines/video/io.py)
 
     frames = np.asarray(frames)
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8:
@@ -224,13 +224,13 @@ def write_mp4(path: str | Path, frames: np.ndarray, fps: int, *, codec: str = "l
 def read_mp4(path: str | Path, *, backend: str = "av") -> tuple[np.ndarray, float]:
     """Decode all frames of an mp4 to uint8 [T, H, W, 3] and its fps, with PyAV ("av") or decord ("decord")."""
     if backend == "decord":
-        from decord import VideoReader, cpu
+        from decord import VideoReader, cpu  # lazy: decord is optional (installed on x86_64 only)
 
         vr = VideoReader(str(path), ctx=cpu(0))
         return vr.get_batch(list(range(len(vr)))).asnumpy(), float(vr.get_avg_fps())
     if backend != "av":
         raise ValueError(f"backend {backend!r} is unknown; choose 'av' or 'decord'")
-    import av
+    import av  # lazy: PyAV takes ~0.1 s to import; only reading a clip needs it (as pipelines/video/io.py)
 
     with av.open(str(path)) as container:
         stream = container.streams.video[0]

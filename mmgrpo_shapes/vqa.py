@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from mmgrpo_shapes.scenes import (
     BACKGROUND,
@@ -205,8 +206,6 @@ def write_vqa_jsonl(records: list[dict], out_dir: str | Path, *, name: str = "vq
 
     Returns the JSONL path. Other record fields (type, split, prompt) are kept.
     """
-    from PIL import Image
-
     out = Path(out_dir)
     (out / "images").mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.jsonl"
@@ -221,8 +220,6 @@ def write_vqa_jsonl(records: list[dict], out_dir: str | Path, *, name: str = "vq
 
 def read_vqa_jsonl(path: str | Path) -> list[dict]:
     """Read a file written by `write_vqa_jsonl`, loading each image back to uint8 [H, W, 3]."""
-    from PIL import Image
-
     path = Path(path)
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     for row in rows:

@@ -52,17 +52,7 @@ ALLOWED_LARGE: dict[str, tuple[int, str]] = {
 }
 
 # "path" -> (function-local imports without a `# lazy:` comment today, why): may not grow; fix them to drop the entry.
-_LEAD = "the lead's area this session; issue 17"
-ALLOWED_BARE_LOCAL_IMPORTS: dict[str, tuple[int, str]] = {
-    "mmgrpo_shapes/programs/pretrain_t2i.py": (7, _LEAD),
-    "mmgrpo_shapes/programs/pretrain_video.py": (13, _LEAD),
-    "mmgrpo_shapes/programs/pretrain_vlm.py": (18, _LEAD),
-    "mmgrpo_shapes/programs/video_probe.py": (10, _LEAD),
-    "mmgrpo_shapes/programs/vlm_probe.py": (1, _LEAD),
-    "mmgrpo_shapes/programs/vqa_report.py": (2, _LEAD),
-    "mmgrpo_shapes/video.py": (3, _LEAD),
-    "mmgrpo_shapes/vqa.py": (2, _LEAD),
-}
+ALLOWED_BARE_LOCAL_IMPORTS: dict[str, tuple[int, str]] = {}
 LAZY = "# lazy:"
 
 

@@ -44,8 +44,8 @@ CATEGORY_WEIGHTS = {
 def build_tokenizer():
     """A word-level tokenizer over the ShapesWorld vocabulary (bos + words + eos, lower-cased), saved beside the
     model; a 49k-entry CLIP BPE embedding table alone would be 25 MB at width 128."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors  # lazy: heavy; --help is light
+    from transformers import PreTrainedTokenizerFast  # lazy: transformers is heavy to import; --help stays light
 
     words = ["a", "an", "and", "of", "the", "left", "right", "above", "below", "photo", "image", "picture"]
     words += list(NUMBER_WORDS.values()) + list(COLORS) + list(SHAPES) + [s + "s" for s in SHAPES]
@@ -71,8 +71,8 @@ def build_models(
     text_width: int = 128, text_layers: int = 2, qk_norm: str | None = "rms_norm",
 ):
     """A fresh (SD3Transformer2DModel, CLIPTextModelWithProjection) pair in pixel space (3 channels, no VAE)."""
-    from diffusers import SD3Transformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection
+    from diffusers import SD3Transformer2DModel  # lazy: diffusers is heavy to import; only building a model needs it
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection  # lazy: heavy; only building a model
 
     if resolution % patch_size or width % head_dim:
         raise ValueError(
@@ -222,8 +222,8 @@ def save_model(out_dir, model: ShapesT2I) -> None:
 
 def load(model_dir) -> ShapesT2I:
     """Load a saved model offline: each component through its own class's from_pretrained."""
-    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
-    from transformers import AutoTokenizer, CLIPTextModelWithProjection
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel  # lazy: heavy; only loading needs it
+    from transformers import AutoTokenizer, CLIPTextModelWithProjection  # lazy: heavy; only loading needs it
 
     root = Path(model_dir)
     if not (root / MODEL_FILE).is_file():
@@ -331,7 +331,7 @@ def pretrain(
     Loss: flow_matching_loss on x0 = render in [-1, 1]; prompts dropped to "" with prob cond_dropout (for CFG).
     Checkpoints (EMA) go to checkpoint_dir/step_NNNNNN every checkpoint_minutes; a loss log to out_dir/train_log.json.
     """
-    from diffusers import FlowMatchEulerDiscreteScheduler
+    from diffusers import FlowMatchEulerDiscreteScheduler  # lazy: diffusers is heavy to import; only training needs it
 
     torch.set_num_threads(threads)
     torch.manual_seed(seed)

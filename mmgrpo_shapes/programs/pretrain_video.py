@@ -23,16 +23,28 @@ import math
 import os
 import random
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
-from mmgrpo_shapes.programs.video_probe import frame_encoder, lifetimes, pipeline_records, set_records
+import rewards
+from mmgrpo_shapes.programs.pretrain_vlm import _template, build_model, collate, predict, sft_loss
+from mmgrpo_shapes.programs.video_probe import (
+    blank_video,
+    condition_records,
+    frame_encoder,
+    lifetimes,
+    pipeline_records,
+    set_records,
+)
 from mmgrpo_shapes.scenes import BACKGROUND, COLORS
-from mmgrpo_shapes.video import DIRECTIONS, VIDEO_TYPES, make_video_set
+from mmgrpo_shapes.video import DIRECTIONS, SET_VERSION, VIDEO_TYPES, make_video_set
 from mmgrpo_shapes.video_think import target_text
+from pipelines.video.build import FORMAT_INSTRUCTION
 
 NUM_FRAMES = 32
 """frames per clip and frames sampled (configs/video: shapes_frames = num_frames = 32)"""
@@ -55,8 +67,6 @@ output within ~1% of its blank-frame value: assets/README.md)"""
 
 def pool_dir(split: str, n: int, *, seed: int = 0) -> Path:
     """A training pool: `n` clips of `split` with every question of every type, written once under the cache."""
-    from mmgrpo_shapes.video import SET_VERSION
-
     root = Path(os.environ.get("MMGRPO_CACHE") or Path.home() / ".cache" / "mmgrpo")
     out = root / f"shapes_video_pool-v{SET_VERSION}-{split}-n{n}-s{seed}-f{NUM_FRAMES}"
     if not (out / f"{split}.jsonl").is_file():
@@ -95,8 +105,6 @@ class Examples:
         self.video_id = self.tok.convert_tokens_to_ids("<|video_pad|>")
 
     def prompt_ids(self, rec: dict[str, Any], n_video: int) -> Tensor:
-        from pipelines.video.build import FORMAT_INSTRUCTION
-
         messages = [{"role": "user", "content": [{"type": "video"},
                                                   {"type": "text", "text": f"{rec['prompt']}\n{FORMAT_INSTRUCTION}"}]}]
         chat = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -139,8 +147,6 @@ class DenseHead(nn.Module):
 
 def losses(model: nn.Module, head: DenseHead, batch: list[dict[str, Tensor]], pad_id: int) -> tuple[Tensor, Tensor]:
     """(SFT token-mean cross-entropy of the completions, dense per-group state cross-entropy) of one batch."""
-    from mmgrpo_shapes.programs.pretrain_vlm import collate, sft_loss
-
     grabbed = []
     hook = model.model.visual.register_forward_hook(lambda m, i, out: grabbed.append(out.pooler_output))
     try:
@@ -160,13 +166,12 @@ def losses(model: nn.Module, head: DenseHead, batch: list[dict[str, Tensor]], pa
 def build(args):
     """The model and processor: pretrain_vlm's architecture, frames normalised around the background (PIXEL_STD), and
     with --init-lm every weight outside the vision tower copied from a saved Qwen2-VL of that architecture."""
-    from mmgrpo_shapes.programs.pretrain_vlm import build_model
-
     model, processor = build_model("grounding", hidden=args.hidden, layers=args.layers, vision_dim=args.vision_dim,
                                    vision_depth=args.vision_depth, pixels=PIXELS, seed=args.seed)
     for proc in (processor.video_processor, processor.image_processor):
         proc.image_mean, proc.image_std = [c / 255 for c in BACKGROUND], [PIXEL_STD] * 3
     if args.init_lm:
+        # lazy: transformers is heavy to import; only --init-lm loads a saved model
         from transformers import AutoModelForImageTextToText
 
         src = AutoModelForImageTextToText.from_pretrained(args.init_lm)
@@ -178,8 +183,6 @@ def build(args):
 # ----- evaluation
 def score(texts: list[str], recs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per-type means: format (strict), mIoU and R@0.5 (grounding) or accuracy (QA types), and n."""
-    import rewards
-
     fmt = rewards.load("format", mode="strict")(texts, prompts=None).tolist()
     iou, acc = rewards.load("temporal_iou"), rewards.load("accuracy")
     table: dict[str, dict[str, float]] = {}
@@ -201,9 +204,6 @@ def score(texts: list[str], recs: list[dict[str, Any]]) -> dict[str, dict[str, f
 def evaluate(model: nn.Module, processor, recs: list[dict[str, Any]], *, condition: str = "real",
              blank: str | None = None) -> dict[str, dict[str, float]]:
     """Greedy per-type scores on `recs` with real, blank, other-clip or shuffled frames (video_probe.CONDITIONS)."""
-    from mmgrpo_shapes.programs.pretrain_vlm import predict
-    from mmgrpo_shapes.programs.video_probe import condition_records
-
     encode = frame_encoder(processor, NUM_FRAMES, shuffle=condition == "shuffled")
     texts = predict(model, encode, processor.tokenizer, condition_records(recs, condition, blank=blank),
                     max_new_tokens=MAX_NEW_TOKENS)
@@ -213,8 +213,6 @@ def evaluate(model: nn.Module, processor, recs: list[dict[str, Any]], *, conditi
 def mean_iou(spans: list, gts: list) -> Any:
     """[K] mean temporal IoU of each candidate span (rows of `spans` [K, 2]) over the ground truths `gts` [N, 2]:
     inter / union as rewards.rules.temporal_iou (0 for an empty union), vectorised."""
-    import numpy as np
-
     p, g = np.asarray(spans, float)[:, None], np.asarray(gts, float)[None]  # [K, 1, 2], [1, N, 2]
     inter = np.clip(np.minimum(p[..., 1], g[..., 1]) - np.maximum(p[..., 0], g[..., 0]), 0, None)  # [K, N]
     union = np.maximum(p[..., 1], g[..., 1]) - np.minimum(p[..., 0], g[..., 0])  # [K, N]
@@ -225,9 +223,6 @@ def blind_baselines(train: list[dict[str, Any]], recs: list[dict[str, Any]]) -> 
     """Image-blind predictors fitted on `train`, scored on `recs`: grounding - the best constant span on a 0.25 s grid
     overall and per query template (move / visible), and the whole clip; QA - the majority answer per question
     template (colour and shape words masked) and per type."""
-    from collections import Counter, defaultdict
-
-    from mmgrpo_shapes.programs.pretrain_vlm import _template
 
     def template(r):
         return _template(r["question"]) if r["type"] != "grounding" else ("move" if "move" in r["question"] else
@@ -359,12 +354,11 @@ def test_report(path: str | Path | None, n: int, pool: int, *, split: str = "tes
                 conditions: tuple[str, ...] = ("real", "blank", "other", "shuffled")) -> dict[str, Any]:
     """Scores of a saved model on `n` clips per task of `split` under each frame condition (None: only the blind
     baselines), and the blind baselines fitted on the training pool."""
-    from mmgrpo_shapes.programs.video_probe import blank_video
-
     recs = (pipeline_records(split, n, types=("grounding",), num_frames=NUM_FRAMES)
             + pipeline_records(split, n, types=QA_TYPES, num_frames=NUM_FRAMES))
     out: dict[str, Any] = {"blind": blind_baselines(set_records(pool_dir("train", pool), "train"), recs)}
     if path is not None:
+        # lazy: transformers is heavy to import; only scoring a saved model needs it (not --report blind)
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         processor = AutoProcessor.from_pretrained(path)

@@ -12,7 +12,10 @@ import argparse
 import copy
 import json
 import math
+import random
+import tempfile
 import time
+from collections import Counter, defaultdict
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -20,8 +23,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mmgrpo_shapes.dense import TowerTap, log_losses, optimizer, stage_one
+import rewards
+from mmgrpo_shapes.dense import TowerTap, batch_targets, log_losses, optimizer, stage_one
+from mmgrpo_shapes.vqa import make_vqa, question_template, swap_images
 from mmgrpo_shapes.vqa_think import THINK, position_think
+from pipelines.video.build import FORMAT_INSTRUCTION as VIDEO_INSTRUCTION
+from pipelines.video.data import shapes_video_records
+from pipelines.vlm.build import FORMAT_INSTRUCTION as VQA_INSTRUCTION
+from rewards.rules import temporal_iou
 
 GROUNDING_TEMPLATE = "<think>Find the event.</think><answer>{start:.2f} to {end:.2f}</answer>"
 """31 tokens with the byte-level tokenizer (tags are one token each): fits configs/video's max_new_tokens=32"""
@@ -38,8 +47,7 @@ def build_model(task: str, *, hidden: int = 128, layers: int = 4, vision_dim: in
     pixels fixes min_pixels = max_pixels: a 32 px image (or 64 px frame) is resized to 112 x 112, i.e. 8 x 8
     patches of 14 px merged 2 x 2 into 16 visual tokens per image (per 2 frames for video).
     """
-    import tempfile
-
+    # lazy: transformers (and pipelines.vlm.tiny, which imports it) is heavy to import; only building a model needs it
     from transformers import AutoModelForImageTextToText, Qwen2VLConfig
 
     from pipelines.vlm.tiny import SPECIALS, _processor, qwen_tokenizer
@@ -72,14 +80,15 @@ def build_model(task: str, *, hidden: int = 128, layers: int = 4, vision_dim: in
 def encoder(task: str, processor) -> Any:
     """The rollout policy's `encode(record)` with its default settings, bound to `processor` (no model needed)."""
     if task == "vqa":
-        from pipelines.vlm.build import FORMAT_INSTRUCTION
+        # lazy: pipelines.vlm.policy imports transformers; `import pretrain_vlm` (its --help, its data) stays light
         from pipelines.vlm.policy import VLMPolicy as cls
     else:
-        from pipelines.video.build import FORMAT_INSTRUCTION
+        # lazy: pipelines.video.policy imports transformers; `import pretrain_vlm` (its --help, its data) stays light
         from pipelines.video.policy import FrameSettings
         from pipelines.video.policy import VideoPolicy as cls
+    instruction = VQA_INSTRUCTION if task == "vqa" else VIDEO_INSTRUCTION
     ns = SimpleNamespace(processor=processor, device=torch.device("cpu"),
-                         s=SimpleNamespace(instruction=FORMAT_INSTRUCTION, system_prompt=None))
+                         s=SimpleNamespace(instruction=instruction, system_prompt=None))
     if task == "grounding":
         ns.frames, ns.m = FrameSettings(num_frames=VIDEO_FRAMES["num_frames"]), SimpleNamespace(augment_noise=0.0)
     return lambda record: cls.encode(ns, record)
@@ -100,12 +109,8 @@ def records(task: str, split: str, n: int, *, seed: int, resolution: int = 32) -
     """`n` records of `split` exactly as the pipelines build them (VQA rendered at `resolution` px; grounding clips
     cached as mp4)."""
     if task == "vqa":  # the fields of pipelines.vlm.data.shapes_vqa_records, plus the objects for dense targets
-        from mmgrpo_shapes.vqa import make_vqa
-
         return [{"prompt": r["question"], "image": r["image"], "answers": r["answer"], "category": r["type"],
                  "id": r["id"], "objects": r["objects"]} for r in make_vqa(split, n, seed=seed, resolution=resolution)]
-    from pipelines.video.data import shapes_video_records
-
     return shapes_video_records(split, n, seed=seed, types=("grounding",), num_frames=VIDEO_FRAMES["shapes_frames"],
                                 resolution=VIDEO_FRAMES["shapes_resolution"])
 
@@ -164,8 +169,6 @@ def predict(model: nn.Module, encode, tok, recs: list[dict[str, Any]], *, max_ne
 
 def score(task: str, texts: list[str], recs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per-category means of the pipelines' rewards: format (strict) and accuracy (VQA) or temporal IoU + R@0.5."""
-    import rewards
-
     fmt = rewards.load("format", mode="strict")([t for t in texts], prompts=None).tolist()
     if task == "vqa":
         main = {"accuracy": rewards.load("accuracy")(texts, prompts=None, answers=[r["answers"] for r in recs])}
@@ -192,14 +195,13 @@ def evaluate(path_or_model, task: str, split: str = "test", n: int = 200, *, see
     """Greedy per-category scores of a saved folder (or a model + processor) on `n` fixed records of `split`, with
     their real images or the blank / shuffled ones of `swap_images`."""
     if isinstance(path_or_model, str | Path):
+        # lazy: transformers is heavy to import; only loading a saved model needs it
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
         processor = AutoProcessor.from_pretrained(path_or_model)
         model = AutoModelForImageTextToText.from_pretrained(path_or_model)
     else:
         model = path_or_model
-    from mmgrpo_shapes.vqa import swap_images
-
     recs = records(task, split, n, seed=seed)
     texts = predict(model, encoder(task, processor), processor.tokenizer, swap_images(recs, images),
                     max_new_tokens=24 if task == "vqa" else 32)
@@ -208,8 +210,6 @@ def evaluate(path_or_model, task: str, split: str = "test", n: int = 200, *, see
 
 def _template(question: str) -> str:
     """The question with colour and shape words masked: what a model that ignores the pixels can condition on."""
-    from mmgrpo_shapes.vqa import question_template
-
     return question_template(question)
 
 
@@ -218,9 +218,6 @@ def blind_baseline(task: str, split: str = "test", n: int = 300, *, n_train: int
     """Scores of the best image-blind answer per question template (by="template"; by="type": per question type,
     i.e. the answer prior of each type), fitted on n_train train records: the majority answer (VQA) or the constant
     span on a 0.25 s grid with the highest mean IoU (grounding)."""
-    from collections import Counter, defaultdict
-
-    from rewards.rules import temporal_iou
 
     def key(r: dict[str, Any]) -> str:
         return _template(r["prompt"]) if by == "template" else str(r.get("category"))
@@ -255,8 +252,6 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 # ----- training
 def train_stream(task: str, *, seed: int, chunk: int = 512, pool: int = 3000):
     """Endless training records: fresh VQA chunks of the train split (new seed each), or a cycled pool of clips."""
-    import random
-
     if task == "grounding":
         recs = records(task, "train", pool, seed=seed)
         rng = random.Random(seed)
@@ -307,8 +302,6 @@ def sft_step(args, model: nn.Module, ema: nn.Module, opt, head, tap, encode, tok
     loss = sft_loss(model, inputs, labels)
     dense_log = None
     if head is not None:
-        from mmgrpo_shapes.dense import batch_targets
-
         color, shape = batch_targets([r["objects"] for r in recs], tap.tokens.shape[0] // len(recs))
         dense, acc = head.loss(tap.tokens, color, shape)
         loss = loss + args.dense_weight * dense

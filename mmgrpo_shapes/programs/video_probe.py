@@ -10,6 +10,7 @@ Run: python -m mmgrpo_shapes.programs.video_probe assets/shapes-video --frames 3
 """
 
 import argparse
+import copy
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,14 +20,19 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+import rewards
+from mmgrpo_shapes.programs.pretrain_vlm import GROUNDING_TEMPLATE, predict
 from mmgrpo_shapes.scenes import COLORS
+from mmgrpo_shapes.video import VIDEO_TYPES, Clip, write_mp4
+from pipelines.video.build import FORMAT_INSTRUCTION
+from pipelines.video.data import SHAPES_TASKS, finish, parse_row, shapes_video_dir
 
 CONDITIONS = ("real", "blank", "other", "shuffled")
 
 
 def frame_encoder(processor, num_frames: int, *, shuffle: bool = False):
     """The rollout policy's `encode(record)` (default instruction, `num_frames` uniform frames), bound to `processor`."""
-    from pipelines.video.build import FORMAT_INSTRUCTION
+    # lazy: pipelines.video.policy imports transformers; importing the probe's helpers (pretrain_video) stays light
     from pipelines.video.policy import FrameSettings, VideoPolicy
 
     ns = SimpleNamespace(processor=processor, device=torch.device("cpu"), frames=FrameSettings(num_frames=num_frames),
@@ -39,8 +45,6 @@ def frame_encoder(processor, num_frames: int, *, shuffle: bool = False):
 
 def blank_video(num_frames: int, fps: int, resolution: int, out_dir: str | Path) -> str:
     """An mp4 of `num_frames` background-only frames (a clip with no objects), written once under `out_dir`."""
-    from mmgrpo_shapes.video import Clip, write_mp4
-
     path = Path(out_dir) / f"blank-f{num_frames}-fps{fps}-r{resolution}.mp4"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -129,8 +133,6 @@ def _frame_ids(enc: dict[str, Any], rec: dict[str, Any]) -> list[int]:
 def set_records(out: str | Path, split: str) -> list[dict[str, Any]]:
     """Records of a written ShapesWorld video set as the pipeline builds them (pipelines/video/data.py), plus the
     row's `type` (grounding/direction/order/count), `timeline` and `num_frames` for per-type scores and probes."""
-    from pipelines.video.data import SHAPES_TASKS, finish, parse_row
-
     recs = []
     for line in (Path(out) / f"{split}.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -144,8 +146,6 @@ def set_records(out: str | Path, split: str) -> list[dict[str, Any]]:
 def pipeline_records(split: str, n: int, *, types: tuple[str, ...], num_frames: int, seed: int = 0,
                      resolution: int = 64) -> list[dict[str, Any]]:
     """The `n` records `data: shapes_video` gives a recipe (one question per clip), with type and timeline."""
-    from pipelines.video.data import shapes_video_dir
-
     out = shapes_video_dir(split, n, seed=seed, types=tuple(types), num_frames=num_frames, fps=4,
                            resolution=resolution, cache_dir=None)
     return set_records(out, split)
@@ -161,8 +161,6 @@ def probe_tower(model: nn.Module, encode, train: list[dict], test: list[dict]) -
             xs.append(tower_features(m, enc).flatten(1))  # [G, M * D]
             ys.append(torch.from_numpy(visible_colours(r["timeline"], _frame_ids(enc, r), r["num_frames"])))
         return torch.cat(xs), torch.cat(ys)
-
-    import copy
 
     rand = copy.deepcopy(model)
     with torch.random.fork_rng(devices=[]):
@@ -192,10 +190,8 @@ def diagnose(model: nn.Module, processor, recs: list[dict[str, Any]], *, num_fra
 
 
 def main(argv: list[str] | None = None) -> None:
+    # lazy: transformers is heavy to import; only loading the probed model needs it
     from transformers import AutoModelForImageTextToText, AutoProcessor
-
-    from mmgrpo_shapes.programs.pretrain_vlm import GROUNDING_TEMPLATE, predict
-    from mmgrpo_shapes.video import VIDEO_TYPES
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model")
@@ -236,8 +232,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def temporal_iou_text(text: str, span) -> float:
-    import rewards
-
     return float(rewards.load("temporal_iou")([text], prompts=None, spans=[span])[0])
 
 

@@ -90,6 +90,7 @@ def looking(model, processor, n: int = 64) -> dict[str, object]:
 
 
 def main(argv: list[str] | None = None) -> None:
+    # lazy: transformers is heavy to import; only loading the probed model needs it
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     path = (argv or sys.argv[1:] or ["assets/shapes-vlm"])[0]

@@ -6,14 +6,15 @@ Run: python -m mmgrpo_shapes.programs.vqa_report --model assets/shapes-vlm --n 3
 
 import argparse
 
+import torch
+
 from mmgrpo_shapes.programs.pretrain_vlm import _template, blind_baseline, evaluate, records
+from mmgrpo_shapes.vqa import TEMPLATE_ANSWERS
 
 
 def vqa_chance(split: str = "test", n: int = 300) -> dict[str, float]:
     """Per question type (and "all"), the mean over records of 1 / (number of answers of the record's template):
     the accuracy of guessing uniformly, which balanced data makes the best any image-blind predictor can expect."""
-    from mmgrpo_shapes.vqa import TEMPLATE_ANSWERS
-
     recs = records("vqa", split, n, seed=0)
     inv = [1 / len(TEMPLATE_ANSWERS[r["category"]][_template(r["prompt"])]) for r in recs]
     out = {"all": sum(inv) / len(inv)}
@@ -58,8 +59,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--blind-n", type=int, default=1000, help="questions per split for the blind table")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
-    import torch
-
     torch.set_num_threads(args.threads)
     if args.model:
         print(model_report(args.model, args.split, args.n), flush=True)
