@@ -18,13 +18,12 @@ from mmgrpo_shapes.programs.pretrain_t2i import (
     build_tokenizer,
     encode_prompts,
     flow_matching_loss,
-    hflip_prompt,
     load,
-    mirror_allowed,
     sample,
     sample_sigmas,
     save_model,
 )
+from mmgrpo_shapes.programs.t2i_data import hflip_prompt, mirror_allowed
 from mmgrpo_shapes.verifier import score
 
 ASSET = Path(__file__).resolve().parents[1] / "assets" / "shapes-t2i"

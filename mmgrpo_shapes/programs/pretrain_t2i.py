@@ -1,9 +1,9 @@
 """Tiny ShapesWorld text-to-image model: a pixel-space SD3Transformer2DModel with a jointly trained CLIP text
 encoder, pretrained by rectified flow on ground-truth renders; plus its offline loader, Euler sampler and eval.
+The scenes it trains on and the prompts it is evaluated on are in t2i_data.
 """
 
 import argparse
-import functools
 import json
 import math
 import time
@@ -13,32 +13,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmgrpo_shapes.scenes import (
-    CATEGORIES,
-    COLORS,
-    NUMBER_WORDS,
-    SHAPES,
-    SIZE_RANGE,
-    ground_truth_scenes,
-    list_prompts,
-    split_of,
-)
+from mmgrpo_shapes.programs.t2i_data import ScenePool, curriculum, eval_prompts
+from mmgrpo_shapes.scenes import CATEGORIES, COLORS, NUMBER_WORDS, SHAPES
 from mmgrpo_shapes.verifier import category_report
 
 MODEL_FILE = "shapes_t2i.json"
 SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>")
 MAX_TOKENS = 16  # the longest ShapesWorld prompt is 8 words (+ bos/eos); "a photo of" prefixes still fit
-BIG_SIZES = (0.17, 0.25)  # bigger than SIZE_RANGE: more pixels per shape; counting keeps SIZE_RANGE (4 must fit)
-# sampling weight per category: the six categories hold 1..856 train prompts, so sampling by prompt would show
-# the model almost only position scenes; single objects and colours are where it learns what a shape looks like
-CATEGORY_WEIGHTS = {
-    "single_object": 0.12,
-    "two_objects": 0.1,
-    "counting": 0.16,
-    "colors": 0.22,
-    "position": 0.2,
-    "color_attr": 0.2,
-}
 
 
 def build_tokenizer():
@@ -134,60 +115,6 @@ def flow_matching_loss(transformer, x0, prompt_embeds, pooled, *, sigmas, noise)
     return torch.mean((pred.float() - (noise - x0)) ** 2)
 
 
-def hflip_prompt(prompt: str) -> str:
-    """The prompt of a horizontally mirrored scene ("left of" <-> "right of"; upward triangles stay upward)."""
-    return prompt.replace("left of", "\0").replace("right of", "left of").replace("\0", "right of")
-
-
-@functools.lru_cache(maxsize=8192)
-def mirror_allowed(prompt: str) -> bool:
-    """Whether a train scene may be mirrored: "A left of B" becomes "B left of A", which can be a val/test prompt."""
-    return split_of(hflip_prompt(prompt)) == "train"
-
-
-class ScenePool:
-    """Ground-truth renders of train prompts by category, refreshed a few per step (rendering costs ~7 ms)."""
-
-    def __init__(self, per_category: int, *, seed: int, resolution: int = 32, big_objects: bool = True):
-        self.rng = np.random.default_rng(seed)
-        self.resolution, self.big = resolution, big_objects
-        self.prompts = {c: list_prompts("train", c) for c in CATEGORIES}
-        self.images = {c: np.zeros((per_category, resolution, resolution, 3), np.uint8) for c in CATEGORIES}
-        self.texts = {c: [""] * per_category for c in CATEGORIES}
-        for c in CATEGORIES:
-            for i in range(per_category):
-                self._render(c, i)
-
-    def _render(self, cat: str, i: int) -> None:
-        prompt = self.prompts[cat][int(self.rng.integers(len(self.prompts[cat])))]
-        sizes = BIG_SIZES if self.big and cat != "counting" else SIZE_RANGE
-        seed = int(self.rng.integers(2**31))
-        scene = ground_truth_scenes(prompt, 1, seed=seed, resolution=self.resolution, size_range=sizes)[0]
-        self.images[cat][i], self.texts[cat][i] = scene.render(), prompt
-
-    def refresh(self, n: int) -> None:
-        for _ in range(n):
-            cat = CATEGORIES[int(self.rng.integers(len(CATEGORIES)))]
-            self._render(cat, int(self.rng.integers(len(self.texts[cat]))))
-
-    def batch(self, size: int, weights: dict[str, float]) -> tuple[torch.Tensor, list[str]]:
-        """A batch x0 [size, 3, H, W] in [-1, 1] with its prompts; half the scenes mirrored left-right when the
-        mirrored prompt is a train prompt too."""
-        p = np.array([weights.get(c, 0.0) for c in CATEGORIES], np.float64)
-        cats = self.rng.choice(len(CATEGORIES), size=size, p=p / p.sum())
-        imgs, texts = [], []
-        for k in cats:
-            c = CATEGORIES[k]
-            i = int(self.rng.integers(len(self.texts[c])))
-            img, text = self.images[c][i], self.texts[c][i]
-            if mirror_allowed(text) and self.rng.random() < 0.5:
-                img, text = img[:, ::-1], hflip_prompt(text)
-            imgs.append(img)
-            texts.append(text)
-        x = torch.from_numpy(np.stack(imgs)).permute(0, 3, 1, 2).float() / 127.5 - 1.0  # [B, 3, H, W]
-        return x, texts
-
-
 @dataclass
 class ShapesT2I:
     """A loaded model: the four diffusers/transformers components and the shapes_t2i.json description."""
@@ -278,18 +205,6 @@ def _euler(m: ShapesT2I, prompts: list[str], x: torch.Tensor, num_steps: int, w:
     return x
 
 
-def eval_prompts(split: str, n_per_prompt: int, max_prompts: int = 48) -> list[str]:
-    """A fixed evaluation list: each category's prompts (evenly thinned to max_prompts), n_per_prompt times,
-    with small categories repeated up to about max_prompts * n_per_prompt / 4 images."""
-    out = []
-    for cat in CATEGORIES:
-        ps = list_prompts(split, cat)
-        ps = [ps[i] for i in np.linspace(0, len(ps) - 1, min(len(ps), max_prompts)).astype(int)]
-        reps = max(n_per_prompt, -(-max_prompts * n_per_prompt // (4 * len(ps))))
-        out += [p for p in ps for _ in range(reps)]
-    return out
-
-
 def evaluate(
     model_dir, split: str = "test", n_per_prompt: int = 4, *, num_steps: int = 16, seed: int = 0,
     guidance_scale: float | None = None, max_prompts: int = 48, verbose: bool = True,
@@ -311,11 +226,22 @@ def _lr_at(step: int, progress: float, *, lr: float, warmup: int) -> float:
     return lr * min(1.0, (step + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))))
 
 
-def _curriculum(progress: float, single_frac: float) -> dict[str, float]:
-    # the first `single_frac` of the budget only shows one-object scenes, where shapes are learnt fastest
-    if progress < single_frac:
-        return {"single_object": 0.3, "colors": 0.7}
-    return CATEGORY_WEIGHTS
+def _describe(resolution: int, shift: float, guidance_scale: float, seed: int, train: dict) -> dict:
+    # the shapes_t2i.json written beside the weights: how to feed the model, and how it was trained
+    return {
+        "space": "pixel",
+        "latent": "image in [-1, 1], channels RGB, no VAE",
+        "resolution": resolution,
+        "prompt_format": "ShapesWorld prompt, e.g. 'a red circle left of a blue square'; '' is the CFG null prompt",
+        "prompt_embeds": "text_encoder last_hidden_state [B, 16, D] (padded to 16 tokens)",
+        "pooled_projections": "text_encoder text_embeds [B, P]",
+        "timestep": "sigma * 1000 (FlowMatchEuler convention)",
+        "prediction": "velocity = noise - x0",
+        "shift": shift,
+        "guidance_scale": guidance_scale,
+        "seed": seed,
+        "train": train,
+    }
 
 
 def pretrain(
@@ -344,24 +270,11 @@ def pretrain(
     params = list(transformer.parameters()) + list(text_encoder.parameters())
     ema = [p.detach().clone() for p in params]
     opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.99), weight_decay=0.01)
-    config = {
-        "space": "pixel",
-        "latent": "image in [-1, 1], channels RGB, no VAE",
-        "resolution": resolution,
-        "prompt_format": "ShapesWorld prompt, e.g. 'a red circle left of a blue square'; '' is the CFG null prompt",
-        "prompt_embeds": "text_encoder last_hidden_state [B, 16, D] (padded to 16 tokens)",
-        "pooled_projections": "text_encoder text_embeds [B, P]",
-        "timestep": "sigma * 1000 (FlowMatchEuler convention)",
-        "prediction": "velocity = noise - x0",
-        "shift": shift,
-        "guidance_scale": guidance_scale,
-        "seed": seed,
-        "train": {
-            "minutes": minutes, "patch_size": patch_size, "width": width, "depth": depth, "batch_size": batch_size,
-            "lr": lr, "ema_decay": ema_decay, "sigma_scheme": sigma_scheme, "cond_dropout": cond_dropout,
-            "big_objects": big_objects, "single_frac": single_frac,
-        },
-    }
+    config = _describe(resolution, shift, guidance_scale, seed, train={
+        "minutes": minutes, "patch_size": patch_size, "width": width, "depth": depth, "batch_size": batch_size,
+        "lr": lr, "ema_decay": ema_decay, "sigma_scheme": sigma_scheme, "cond_dropout": cond_dropout,
+        "big_objects": big_objects, "single_frac": single_frac,
+    })
     scheduler = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift)
     model = ShapesT2I(transformer, text_encoder, tokenizer, scheduler, config)
     t0 = time.time()
@@ -375,7 +288,7 @@ def pretrain(
             progress = max(progress, step / max_steps)
         if progress >= 1.0:
             break
-        loss = _train_step(model, pool, opt, params, batch_size=batch_size, weights=_curriculum(progress, single_frac),
+        loss = _train_step(model, pool, opt, params, batch_size=batch_size, weights=curriculum(progress, single_frac),
                            lr=_lr_at(step, progress, lr=lr, warmup=warmup), shift=shift, sigma_scheme=sigma_scheme,
                            cond_dropout=cond_dropout, gen=gen)
         decay = min(ema_decay, (1 + step) / (10 + step))
