@@ -188,8 +188,8 @@ def test_video_pipeline_loads_the_shipped_model_by_path_with_the_pretraining_pro
 
 
 def test_vlm_accuracy_band_on_fixed_test_sample():
-    # greedy answers to the first 48 balanced test questions (seed 0): the shipped 2026-11-27 model (dense position
-    # targets; 0.770 on 300) scores 0.75 here; the image-blind level is ~0.33, and a model that stopped reading its
+    # greedy answers to the first 48 balanced test questions (seed 0): the shipped 2026-11-27 model (85 min, position
+    # thinks in token cells; 0.803 on 300) scores 0.79 here; the image-blind level is ~0.33, and a model that stopped reading its
     # image (the unbalanced-data model: 0.3125 here) fails the lower bound
     processor, model = _load(VLM)
     table = P.evaluate(model, "vqa", "test", VQA_N, processor=processor)

@@ -237,7 +237,7 @@ def blind_baseline(task: str, split: str = "test", n: int = 300, *, n_train: int
     texts = []
     for r in recs:
         guess = best.get(key(r), best[""])
-        rec = {"category": r.get("category"), "answers": guess} if task == "vqa" else {"spans": guess}
+        rec = {**r, "answers": guess} if task == "vqa" else {"spans": guess}  # the think may read the record
         texts.append(target_text(task, rec))
     return score(task, texts, recs)
 
