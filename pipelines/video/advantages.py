@@ -125,8 +125,9 @@ def grpo_bonus(
     _B, G, R = r.shape
     cols = sorted({_column("bonus_columns", c, R) for c in bonus_columns})
     if len(cols) == R:
-        raise ValueError(f"bonus_columns {list(bonus_columns)} cover all R={R} rewards; leave at least one task "
-                         f"reward to normalise")
+        raise ValueError(
+            f"bonus_columns {list(bonus_columns)} cover all R={R} rewards; leave at least one task reward to normalise"
+        )
     w = _weights(weights, R, r.dtype).to(r.device)
     is_bonus = torch.zeros(R, dtype=torch.bool, device=r.device)
     is_bonus[cols] = True
@@ -139,8 +140,9 @@ def grpo_bonus(
     return _out(_normalise(task, std=std, eps=eps, ddof=ddof) + bonus)
 
 
-def temporal_gate_bonus(acc: Tensor, shuffled_acc: Tensor, *, mu: float = 0.8, alpha: float = 0.3,
-                        min_accuracy: float = 0.1) -> Tensor:
+def temporal_gate_bonus(
+    acc: Tensor, shuffled_acc: Tensor, *, mu: float = 0.8, alpha: float = 0.3, min_accuracy: float = 0.1
+) -> Tensor:
     """T-GRPO's bonus (Video-R1, arXiv:2503.21776): reward correct answers when ordered frames beat shuffled ones.
 
     p = mean_g acc, p~ = mean over the shuffled-frame rollouts; bonus_i = alpha if p >= mu * p~ and acc_i > min_accuracy.
@@ -151,14 +153,17 @@ def temporal_gate_bonus(acc: Tensor, shuffled_acc: Tensor, *, mu: float = 0.8, a
         [B, G] bonus (0 or alpha).
     """
     if acc.dim() != 2 or shuffled_acc.dim() != 2 or acc.shape[0] != shuffled_acc.shape[0]:
-        raise ValueError(f"acc {tuple(acc.shape)} and shuffled_acc {tuple(shuffled_acc.shape)} must be [B, G] and "
-                         f"[B, S] with the same B")
+        raise ValueError(
+            f"acc {tuple(acc.shape)} and shuffled_acc {tuple(shuffled_acc.shape)} must be [B, G] and "
+            f"[B, S] with the same B"
+        )
     gate = acc.mean(1, keepdim=True) >= mu * shuffled_acc.mean(1, keepdim=True)  # [B, 1]
     return torch.where(gate & (acc > min_accuracy), alpha, 0.0).to(acc.dtype)  # [B, G]
 
 
-def logp_gap_bonus(acc: Tensor, gap: Tensor, *, alpha: float = 0.3, scale: float = 1.0,
-                   min_accuracy: float = 0.1) -> Tensor:
+def logp_gap_bonus(
+    acc: Tensor, gap: Tensor, *, alpha: float = 0.3, scale: float = 1.0, min_accuracy: float = 0.1
+) -> Tensor:
     """The generation-free temporal bonus: correct answers that ordered frames make more likely than shuffled ones.
 
     No paper: a cheap variant of T-GRPO (arXiv:2503.21776) reusing the rollout's completions.

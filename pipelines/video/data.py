@@ -47,15 +47,21 @@ def _task(row: dict[str, Any], has_span: bool) -> str:
     kind = str(row.get("problem_type", row.get("type", row.get("category", ""))) or "").lower().replace(" ", "_")
     if has_span:
         return "grounding"
-    return {"multiple_choice": "multiple_choice", "mc": "multiple_choice", "numerical": "numeric",
-            "numeric": "numeric", "count": "numeric"}.get(kind, kind or "free_form")
+    return {
+        "multiple_choice": "multiple_choice",
+        "mc": "multiple_choice",
+        "numerical": "numeric",
+        "numeric": "numeric",
+        "count": "numeric",
+    }.get(kind, kind or "free_form")
 
 
 def parse_row(row: Any, where: str, root: Path) -> dict[str, Any]:
     """One JSONL row as a record; grounding rows give `spans` (or an [s, e] answer with type grounding)."""
     if not isinstance(row, dict):
-        raise UserError(f"{where}: expected a JSON object with video, question and answer/spans, got "
-                        f"{type(row).__name__}")
+        raise UserError(
+            f"{where}: expected a JSON object with video, question and answer/spans, got {type(row).__name__}"
+        )
     question = next((row[k] for k in QUESTION_KEYS if row.get(k) is not None), None)
     if question is None:
         raise UserError(f"{where}: no question; give it under one of {', '.join(QUESTION_KEYS)}")
@@ -95,13 +101,21 @@ def finish(rec: dict[str, Any], *, time_prompt: bool) -> dict[str, Any]:
     return rec
 
 
-def jsonl_records(path: str | os.PathLike, *, limit: int | None = None, skip_bad_videos: bool = False,
-                  time_prompt: bool = True, field: str = "pipeline.kwargs.data") -> list[dict[str, Any]]:
+def jsonl_records(
+    path: str | os.PathLike,
+    *,
+    limit: int | None = None,
+    skip_bad_videos: bool = False,
+    time_prompt: bool = True,
+    field: str = "pipeline.kwargs.data",
+) -> list[dict[str, Any]]:
     """Records of a JSONL file; a missing, corrupt or zero-length video raises naming the row, or is skipped."""
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"{field} ({str(path)!r}) is neither a file nor {SHAPES_VIDEO!r}; pass a JSONL file of "
-                        f"{{video, question, answer | spans}} rows or data={SHAPES_VIDEO}")
+        raise UserError(
+            f"{field} ({str(path)!r}) is neither a file nor {SHAPES_VIDEO!r}; pass a JSONL file of "
+            f"{{video, question, answer | spans}} rows or data={SHAPES_VIDEO}"
+        )
     recs, wheres = [], []
     with open(p) as f:
         for line_no, line in enumerate(f, 1):
@@ -130,8 +144,17 @@ def jsonl_records(path: str | os.PathLike, *, limit: int | None = None, skip_bad
     return [finish(recs[i], time_prompt=time_prompt) for i in keep]
 
 
-def shapes_video_dir(split: str, n: int, *, seed: int, types: tuple[str, ...], num_frames: int, fps: int,
-                     resolution: int, cache_dir: str | os.PathLike | None) -> Path:
+def shapes_video_dir(
+    split: str,
+    n: int,
+    *,
+    seed: int,
+    types: tuple[str, ...],
+    num_frames: int,
+    fps: int,
+    resolution: int,
+    cache_dir: str | os.PathLike | None,
+) -> Path:
     """ShapesWorld clips of `split` written once under the cache (keyed by every generation setting) and reused."""
     root = Path(cache_dir or os.environ.get("MMGRPO_CACHE") or Path.home() / ".cache" / "mmgrpo")
     key = f"shapes_video-v{SET_VERSION}-{split}-n{n}-s{seed}-{'+'.join(types)}-f{num_frames}-fps{fps}-r{resolution}"
@@ -147,12 +170,29 @@ def shapes_video_dir(split: str, n: int, *, seed: int, types: tuple[str, ...], n
     return out
 
 
-def shapes_video_records(split: str, n: int, *, seed: int = 0, types: tuple[str, ...] = ("grounding",),
-                         num_frames: int = 24, fps: int = 4, resolution: int = 64,
-                         cache_dir: str | os.PathLike | None = None, time_prompt: bool = True) -> list[dict[str, Any]]:
+def shapes_video_records(
+    split: str,
+    n: int,
+    *,
+    seed: int = 0,
+    types: tuple[str, ...] = ("grounding",),
+    num_frames: int = 24,
+    fps: int = 4,
+    resolution: int = 64,
+    cache_dir: str | os.PathLike | None = None,
+    time_prompt: bool = True,
+) -> list[dict[str, Any]]:
     """`n` ShapesWorld video records (grounding -> spans; count -> numeric answers; direction/order -> free form)."""
-    out = shapes_video_dir(split, n, seed=seed, types=tuple(types), num_frames=num_frames, fps=fps,
-                           resolution=resolution, cache_dir=cache_dir)
+    out = shapes_video_dir(
+        split,
+        n,
+        seed=seed,
+        types=tuple(types),
+        num_frames=num_frames,
+        fps=fps,
+        resolution=resolution,
+        cache_dir=cache_dir,
+    )
     recs = []
     for line in (out / f"{split}.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -162,16 +202,34 @@ def shapes_video_records(split: str, n: int, *, seed: int = 0, types: tuple[str,
     return recs
 
 
-def load_records(data: str, *, split: str, size: int | None, seed: int, shapes_types: list[str] | None,
-                 shapes_frames: int, shapes_resolution: int, skip_bad_videos: bool, time_prompt: bool,
-                 cache_dir: str | None, field: str) -> list[dict[str, Any]]:
+def load_records(
+    data: str,
+    *,
+    split: str,
+    size: int | None,
+    seed: int,
+    shapes_types: list[str] | None,
+    shapes_frames: int,
+    shapes_resolution: int,
+    skip_bad_videos: bool,
+    time_prompt: bool,
+    cache_dir: str | None,
+    field: str,
+) -> list[dict[str, Any]]:
     """Records from `data`: "shapes_video" (generated, `size` clips) or a JSONL path (first `size` rows if set)."""
     if data == SHAPES_VIDEO:
         if size is None or size < 1:
             raise UserError(f"{field}={SHAPES_VIDEO} needs a size >= 1 (train_size / eval_size), got {size}")
-        return shapes_video_records(split, size, seed=seed, types=tuple(shapes_types or ("grounding",)),
-                                    num_frames=shapes_frames, resolution=shapes_resolution, cache_dir=cache_dir,
-                                    time_prompt=time_prompt)
+        return shapes_video_records(
+            split,
+            size,
+            seed=seed,
+            types=tuple(shapes_types or ("grounding",)),
+            num_frames=shapes_frames,
+            resolution=shapes_resolution,
+            cache_dir=cache_dir,
+            time_prompt=time_prompt,
+        )
     return jsonl_records(data, limit=size, skip_bad_videos=skip_bad_videos, time_prompt=time_prompt, field=field)
 
 
@@ -188,9 +246,20 @@ def video_prompt_tokens(policy: Any, record: dict[str, Any]) -> tuple[int, int]:
         ids = policy.encode(record)["input_ids"]  # [1, L]
         return ids.shape[1], int((ids == proc.tokenizer.convert_tokens_to_ids(proc.video_token)).sum())
     info = video_info(record["video"], backend=f.backend)
-    t = len(sample_indices(info.num_frames, info.fps, mode=f.mode, num_frames=f.num_frames, fps=f.fps,
-                           token_budget=f.token_budget, pixels_per_frame=f.pixels_per_frame, min_frames=f.min_frames,
-                           max_frames=f.max_frames, strategy=f.strategy))
+    t = len(
+        sample_indices(
+            info.num_frames,
+            info.fps,
+            mode=f.mode,
+            num_frames=f.num_frames,
+            fps=f.fps,
+            token_budget=f.token_budget,
+            pixels_per_frame=f.pixels_per_frame,
+            min_frames=f.min_frames,
+            max_frames=f.max_frames,
+            strategy=f.strategy,
+        )
+    )
     # the chat text exactly as VideoPolicy.encode writes it (copied: pipelines may copy, see style.md 3.7)
     text = record["prompt"] if not s.instruction else f"{record['prompt']}\n{s.instruction}"
     messages = [{"role": "system", "content": s.system_prompt}] if s.system_prompt else []

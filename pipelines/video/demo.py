@@ -26,8 +26,9 @@ def scores(table: dict[str, dict[str, float]]) -> dict[str, float]:
 
 def line(before: dict[str, float], after: dict[str, float]) -> str:
     """'mIoU 0.174 -> 0.276 (+0.102)  format ...' for every score both sides have."""
-    return "  ".join(f"{k} {before[k]:.3f} -> {after[k]:.3f} ({after[k] - before[k]:+.3f})" for k in before
-                     if k in after)
+    return "  ".join(
+        f"{k} {before[k]:.3f} -> {after[k]:.3f} ({after[k] - before[k]:+.3f})" for k in before if k in after
+    )
 
 
 def main(argv: list[str]) -> None:

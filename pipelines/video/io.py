@@ -101,8 +101,10 @@ _READ = {"decord": _decord_read, "av": _av_read}
 def _check_file(path: str | os.PathLike) -> str:
     p = Path(path)
     if p.is_dir():
-        raise UserError(f"video {str(path)!r} is a directory, not a video file; point at the file inside it (or set "
-                        f"skip_bad_videos=true to skip it)")
+        raise UserError(
+            f"video {str(path)!r} is a directory, not a video file; point at the file inside it (or set "
+            f"skip_bad_videos=true to skip it)"
+        )
     if not p.is_file():
         raise UserError(f"video {str(path)!r} does not exist; fix the path (or set skip_bad_videos=true to skip it)")
     if p.stat().st_size == 0:
@@ -126,8 +128,10 @@ def _run(what: str, path: str, backend: str, fn_table: dict, *args):
             errors.append(f"{name}: not installed ({err})")
         except Exception as err:  # noqa: BLE001 - decord raises RuntimeError/DECORDError, PyAV its own error tree
             errors.append(f"{name}: {type(err).__name__}: {str(err).splitlines()[0][:160] if str(err) else ''}")
-    raise UserError(f"video {path!r} cannot be {what} ({'; '.join(errors)}); the file is corrupt or not a video: "
-                    f"re-encode it (e.g. ffmpeg -i in.mp4 -c:v libx264 out.mp4) or set skip_bad_videos=true")
+    raise UserError(
+        f"video {path!r} cannot be {what} ({'; '.join(errors)}); the file is corrupt or not a video: "
+        f"re-encode it (e.g. ffmpeg -i in.mp4 -c:v libx264 out.mp4) or set skip_bad_videos=true"
+    )
 
 
 def video_info(path: str | os.PathLike, *, backend: str = "auto") -> VideoInfo:
@@ -150,8 +154,14 @@ def _cache_path(cache_dir: str | os.PathLike, path: str, indices: list[int]) -> 
     return Path(cache_dir) / f"{hashlib.sha1(key.encode()).hexdigest()}.npz"
 
 
-def read_frames(path: str | os.PathLike, indices, *, backend: str = "auto",
-                cache_dir: str | os.PathLike | None = None, info: VideoInfo | None = None) -> tuple[np.ndarray, np.ndarray]:
+def read_frames(
+    path: str | os.PathLike,
+    indices,
+    *,
+    backend: str = "auto",
+    cache_dir: str | os.PathLike | None = None,
+    info: VideoInfo | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Frames at `indices` as uint8 [T, H, W, 3] and their timestamps in seconds [T] (index / fps).
 
     decord is tried first and PyAV after it under backend="auto" (decord 0.6.0 fails on some frame widths, e.g. 48).
@@ -191,8 +201,9 @@ def read_frames(path: str | os.PathLike, indices, *, backend: str = "auto",
 # ----------------------------------------------------------------------------- sampling
 
 
-def frames_for_budget(token_budget: int, pixels_per_frame: int, *, temporal_patch: int = 2,
-                      pixels_per_token: int = 28 * 28) -> int:
+def frames_for_budget(
+    token_budget: int, pixels_per_frame: int, *, temporal_patch: int = 2, pixels_per_token: int = 28 * 28
+) -> int:
     """Frames that fit a visual-token budget: T = floor(budget * temporal_patch * pixels_per_token / pixels).
 
     Qwen2-VL / Qwen2.5-VL: one token per 28x28 pixels (14-px patches merged 2x2) per pair of frames.
@@ -202,10 +213,21 @@ def frames_for_budget(token_budget: int, pixels_per_frame: int, *, temporal_patc
     return int(token_budget * temporal_patch * pixels_per_token // pixels_per_frame)
 
 
-def sample_indices(total: int, video_fps: float, *, mode: str = "count", num_frames: int = 8, fps: float = 2.0,
-                   token_budget: int = 1024, pixels_per_frame: int = 128 * 28 * 28, min_frames: int = 2,
-                   max_frames: int = 64, multiple_of: int = 2, strategy: str = "uniform",
-                   seed: int | None = None) -> np.ndarray:
+def sample_indices(
+    total: int,
+    video_fps: float,
+    *,
+    mode: str = "count",
+    num_frames: int = 8,
+    fps: float = 2.0,
+    token_budget: int = 1024,
+    pixels_per_frame: int = 128 * 28 * 28,
+    min_frames: int = 2,
+    max_frames: int = 64,
+    multiple_of: int = 2,
+    strategy: str = "uniform",
+    seed: int | None = None,
+) -> np.ndarray:
     """Frame indices [T] of a video with `total` frames at `video_fps`.
 
     T: `num_frames` ("count"), duration * `fps` ("fps"), or `frames_for_budget(token_budget, pixels_per_frame)`
@@ -221,8 +243,9 @@ def sample_indices(total: int, video_fps: float, *, mode: str = "count", num_fra
     if total < 1 or video_fps <= 0:
         raise ValueError(f"a video needs total >= 1 frames and fps > 0, got total={total}, fps={video_fps}")
     if multiple_of < 1 or min_frames < 1 or max_frames < min_frames:
-        raise ValueError(f"need multiple_of >= 1 and 1 <= min_frames <= max_frames, got {multiple_of}, "
-                         f"{min_frames}, {max_frames}")
+        raise ValueError(
+            f"need multiple_of >= 1 and 1 <= min_frames <= max_frames, got {multiple_of}, {min_frames}, {max_frames}"
+        )
     if mode == "count":
         t = num_frames
     elif mode == "fps":
@@ -239,8 +262,9 @@ def sample_indices(total: int, video_fps: float, *, mode: str = "count", num_fra
     return np.minimum(np.floor(picks), total - 1).astype(np.int64)
 
 
-def check_videos(paths: list[str], *, skip: bool = False, backend: str = "auto",
-                 where: list[str] | None = None) -> list[int]:
+def check_videos(
+    paths: list[str], *, skip: bool = False, backend: str = "auto", where: list[str] | None = None
+) -> list[int]:
     """Positions of the usable videos; a bad one raises UserError, or is skipped (with a logged count) when `skip`."""
     ok, skipped = [], []
     for i, path in enumerate(paths):

@@ -19,8 +19,9 @@ TEMPLATE_FIELDS = {"span_template": ("start", "end"), "answer_template": ("answe
 """the fields each template may use (str.format names)"""
 
 
-def ground_truth_text(record: dict[str, Any], *, span_template: str = SPAN_TEMPLATE,
-                      answer_template: str = ANSWER_TEMPLATE) -> str:
+def ground_truth_text(
+    record: dict[str, Any], *, span_template: str = SPAN_TEMPLATE, answer_template: str = ANSWER_TEMPLATE
+) -> str:
     """The completion TempSamp-R1 injects for `record`: its spans (grounding) or answer, through a template."""
     if record.get("spans") is not None:
         start, end = (float(v) for v in record["spans"])
@@ -40,8 +41,10 @@ def check_template(name: str, template: str) -> None:
     except (KeyError, IndexError, ValueError) as err:
         used = {f"<{type(err).__name__}: {err}>"}
     if used != set(fields):
-        raise ValueError(f"{name} ({template!r}) must use the fields {{{'}, {'.join(fields)}}} and no other "
-                         f"(found {sorted(used)}), e.g. {example!r}")
+        raise ValueError(
+            f"{name} ({template!r}) must use the fields {{{'}, {'.join(fields)}}} and no other "
+            f"(found {sorted(used)}), e.g. {example!r}"
+        )
 
 
 def shuffle_order(num_frames: int, seed: int) -> np.ndarray:
@@ -53,7 +56,7 @@ def shuffle_order(num_frames: int, seed: int) -> np.ndarray:
 
 
 def difficulty(scores: list[float], *, easy_min: float, hard_max: float) -> str | None:
-    """"easy" when every score of the group is >= easy_min, "hard" when every one is <= hard_max, else None.
+    """ "easy" when every score of the group is >= easy_min, "hard" when every one is <= hard_max, else None.
 
     DeepVideo-R1 (arXiv:2506.07464): such groups carry no advantage (all-equal rewards), so they are re-posed.
     """

@@ -43,8 +43,9 @@ class MethodSettings:
 class VideoPolicy(VLMPolicy):
     """`Policy` for a video-text-to-text model; see the module docstring."""
 
-    def __init__(self, module: nn.Module, processor: Any, *, frames: FrameSettings, methods: MethodSettings,
-                 **vlm_kwargs: Any):
+    def __init__(
+        self, module: nn.Module, processor: Any, *, frames: FrameSettings, methods: MethodSettings, **vlm_kwargs: Any
+    ):
         super().__init__(module, processor, **vlm_kwargs)
         self.frames, self.m = frames, methods
         self.augment_reward = None
@@ -69,15 +70,26 @@ class VideoPolicy(VLMPolicy):
         return out | ({"temporal_off": [True] * n} if self.evaluating else {})
 
     # ----- prompts
-    def encode(self, record: dict[str, Any], *, seed: int = 0, shuffle_seed: int | None = None,
-               noise_seed: int | None = None) -> dict[str, Any]:
+    def encode(
+        self, record: dict[str, Any], *, seed: int = 0, shuffle_seed: int | None = None, noise_seed: int | None = None
+    ) -> dict[str, Any]:
         """Processor inputs (batch of 1, on the device) for one record: sampled frames (optionally noisier or shuffled)
         with their metadata, so Qwen2.5-VL's `second_per_grid_ts` follows the real sampling rate."""
         f = self.frames
         info = video_info(record["video"], backend=f.backend)
-        idx = sample_indices(info.num_frames, info.fps, mode=f.mode, num_frames=f.num_frames, fps=f.fps,
-                             token_budget=f.token_budget, pixels_per_frame=f.pixels_per_frame,
-                             min_frames=f.min_frames, max_frames=f.max_frames, strategy=f.strategy, seed=seed)
+        idx = sample_indices(
+            info.num_frames,
+            info.fps,
+            mode=f.mode,
+            num_frames=f.num_frames,
+            fps=f.fps,
+            token_budget=f.token_budget,
+            pixels_per_frame=f.pixels_per_frame,
+            min_frames=f.min_frames,
+            max_frames=f.max_frames,
+            strategy=f.strategy,
+            seed=seed,
+        )
         frames, times = read_frames(info.path, idx, backend=f.backend, cache_dir=f.cache_dir, info=info)
         if noise_seed is not None:
             frames = vm.noisier(frames, std=self.m.augment_noise, seed=noise_seed)
@@ -87,10 +99,22 @@ class VideoPolicy(VLMPolicy):
         messages = [{"role": "system", "content": self.s.system_prompt}] if self.s.system_prompt else []
         messages.append({"role": "user", "content": [{"type": "video"}, {"type": "text", "text": text}]})
         chat = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        meta = VideoMetadata(total_num_frames=info.num_frames, fps=info.fps, frames_indices=idx.tolist(),
-                             duration=info.duration, height=info.height, width=info.width)
-        enc = self.processor(text=[chat], videos=[frames], video_metadata=[meta], do_sample_frames=False,
-                             cap_pixels_per_frame=True, return_tensors="pt")
+        meta = VideoMetadata(
+            total_num_frames=info.num_frames,
+            fps=info.fps,
+            frames_indices=idx.tolist(),
+            duration=info.duration,
+            height=info.height,
+            width=info.width,
+        )
+        enc = self.processor(
+            text=[chat],
+            videos=[frames],
+            video_metadata=[meta],
+            do_sample_frames=False,
+            cap_pixels_per_frame=True,
+            return_tensors="pt",
+        )
         out = {k: v.to(self.device) for k, v in enc.items() if isinstance(v, Tensor)}
         out["_timestamps"] = times  # seconds of each sampled frame (numpy, never reaches the model)
         return out
@@ -101,7 +125,9 @@ class VideoPolicy(VLMPolicy):
         return comp, lengths
 
     def _texts(self, comp: Tensor, lengths: Tensor) -> list[str]:
-        return [self.tokenizer.decode(c[:n].tolist(), skip_special_tokens=True) for c, n in zip(comp, lengths.tolist())]
+        return [
+            self.tokenizer.decode(c[:n].tolist(), skip_special_tokens=True) for c, n in zip(comp, lengths.tolist())
+        ]
 
     def _augment(self, record: dict, enc: dict, comp: Tensor, lengths: Tensor, seed: int):
         """DeepVideo-R1: re-pose a group whose samples all pass (noisier frames) or all fail (a hint), and resample."""
@@ -164,16 +190,24 @@ class VideoPolicy(VLMPolicy):
             if m.temporal == "generate":
                 s_comp, s_len = self._sample(shuf, m.temporal_samples or max(group_size // 2, 1), seed + 2)
                 shuffled = self._texts(s_comp, s_len)
-        return {"enc": enc, "comp": comp, "lengths": lengths, "flags": flags, "shuf": shuf, "shuffled": shuffled,
-                "level": level}
+        return {
+            "enc": enc,
+            "comp": comp,
+            "lengths": lengths,
+            "flags": flags,
+            "shuf": shuf,
+            "shuffled": shuffled,
+            "level": level,
+        }
 
     @torch.no_grad()
     def rollout(self, prompts: list[dict[str, Any]], group_size: int, seeds: list[int]) -> Rollout:
         self.module.eval()
         m, pad = self.m, self.tokenizer.pad_token_id
         if m.inject_ground_truth and group_size < 2:
-            raise ValueError(f"inject_ground_truth needs sample.group_size >= 2 (G - 1 sampled + 1 ground truth), "
-                             f"got {group_size}")
+            raise ValueError(
+                f"inject_ground_truth needs sample.group_size >= 2 (G - 1 sampled + 1 ground truth), got {group_size}"
+            )
         groups = [self._group(record, int(seed), group_size) for record, seed in zip(prompts, seeds)]
         encs = [g["enc"] for g in groups for _ in range(group_size)]
         levels = [g["level"] for g in groups] if self.augment_reward is not None else []
@@ -188,11 +222,18 @@ class VideoPolicy(VLMPolicy):
         old_logp = self._score(self.module, encs, completions, lengths, group_size)  # [N, K]
         texts = self._texts(completions, lengths)
         inj = torch.tensor([f for g in groups for f in g["flags"]], dtype=torch.bool)  # [N]
-        extras = {"completion_ids": completions, "lengths": lengths, "prompt_enc": encs, "injected": inj,
-                  "reward_fields": {"lengths": lengths.tolist()}}
-        metrics = {"rollout/length_mean": float(lengths.float().mean()),
-                   "rollout/truncated_frac": float((lengths == self.s.max_new_tokens).float().mean()),
-                   "video/frames_mean": sum(len(e["_timestamps"]) for e in encs) / len(encs)}
+        extras = {
+            "completion_ids": completions,
+            "lengths": lengths,
+            "prompt_enc": encs,
+            "injected": inj,
+            "reward_fields": {"lengths": lengths.tolist()},
+        }
+        metrics = {
+            "rollout/length_mean": float(lengths.float().mean()),
+            "rollout/truncated_frac": float((lengths == self.s.max_new_tokens).float().mean()),
+            "video/frames_mean": sum(len(e["_timestamps"]) for e in encs) / len(encs),
+        }
         extras["reward_fields"].update(self._context_fields(len(texts)))
         if m.temporal == "generate":
             extras["reward_fields"]["shuffled_samples"] = [g["shuffled"] for g in groups for _ in range(group_size)]
@@ -212,8 +253,15 @@ class VideoPolicy(VLMPolicy):
             metrics["care/likelihood_mean"] = float(like.mean())
         return Rollout(samples=texts, old_logp=old_logp.float(), mask=mask, extras=extras, metrics=metrics)
 
-    def _logp_gap(self, old_logp: Tensor, shuffled_encs: list, completions: Tensor, lengths: Tensor, mask: Tensor,
-                  group_size: int) -> Tensor:
+    def _logp_gap(
+        self,
+        old_logp: Tensor,
+        shuffled_encs: list,
+        completions: Tensor,
+        lengths: Tensor,
+        mask: Tensor,
+        group_size: int,
+    ) -> Tensor:
         """[N] mean over each answer's tokens (the whole completion when it has no answer) of log pi(ordered) -
         log pi(shuffled): one extra forward of the same completions, no generation."""
         shuffled = self._score(self.module, shuffled_encs, completions, lengths, group_size)  # [N, K]

@@ -51,8 +51,9 @@ class VideoTask(Reward):
 
 
 @REWARDS.register("video_task", input="text", range="[0, 1]", paper="Video-R1; VideoChat-R1; TempSamp-R1")
-def video_task_reward(*, shaping: str = "none", threshold: float = 0.8, alpha: float = 1.0, atol: float = 1e-6,
-                      rtol: float = 0.0) -> Reward:
+def video_task_reward(
+    *, shaping: str = "none", threshold: float = 0.8, alpha: float = 1.0, atol: float = 1e-6, rtol: float = 0.0
+) -> Reward:
     """Video task reward: temporal IoU (spans) for grounding, option letter / number / answer match for QA."""
     return VideoTask(shaping=shaping, threshold=threshold, alpha=alpha, atol=atol, rtol=rtol)
 
@@ -65,7 +66,13 @@ class TemporalContrast(Reward):
     kind = "groupwise"
 
     def __init__(self, accuracy: Reward, *, mu: float, alpha: float, min_accuracy: float, gap_scale: float):
-        self.accuracy, self.mu, self.alpha, self.min_accuracy, self.gap_scale = accuracy, mu, alpha, min_accuracy, gap_scale
+        self.accuracy, self.mu, self.alpha, self.min_accuracy, self.gap_scale = (
+            accuracy,
+            mu,
+            alpha,
+            min_accuracy,
+            gap_scale,
+        )
         self.fields = tuple(dict.fromkeys((*accuracy.fields, "shuffled_samples", "temporal_gap", "temporal_off")))
         self.preprocess = f"{accuracy.name} on ordered vs shuffled frames; bonus {alpha}"
 
@@ -73,8 +80,9 @@ class TemporalContrast(Reward):
         mine = {k: v for k, v in fields.items() if k in self.accuracy.fields}
         return self.accuracy(samples, **mine)
 
-    def score(self, samples, prompts, *, group_size, shuffled_samples=None, temporal_gap=None, temporal_off=None,
-              **fields):
+    def score(
+        self, samples, prompts, *, group_size, shuffled_samples=None, temporal_gap=None, temporal_off=None, **fields
+    ):
         if temporal_off and shuffled_samples is None and temporal_gap is None:
             # `mmgrpo eval`: the policy turns the shuffled-frame pass off (a training signal); no bonus is earned
             return torch.zeros(len(samples))
@@ -84,8 +92,10 @@ class TemporalContrast(Reward):
             bonus = logp_gap_bonus(acc, gap, alpha=self.alpha, scale=self.gap_scale, min_accuracy=self.min_accuracy)
             return bonus.reshape(-1)
         if shuffled_samples is None:
-            raise ValueError("temporal_contrast needs the shuffled-frame signal: set pipeline.kwargs.temporal to "
-                             "'generate' (T-GRPO) or 'logp_gap' (no extra generation)")
+            raise ValueError(
+                "temporal_contrast needs the shuffled-frame signal: set pipeline.kwargs.temporal to "
+                "'generate' (T-GRPO) or 'logp_gap' (no extra generation)"
+            )
         rows = []
         for b in range(acc.shape[0]):
             first = b * group_size
@@ -98,8 +108,14 @@ class TemporalContrast(Reward):
 
 
 @REWARDS.register("temporal_contrast", input="text", range="[0, alpha]", paper="Video-R1 T-GRPO (arXiv:2503.21776)")
-def temporal_contrast_reward(*, accuracy: str | dict = "video_task", mu: float = 0.8, alpha: float = 0.3,
-                             min_accuracy: float = 0.1, gap_scale: float = 1.0) -> Reward:
+def temporal_contrast_reward(
+    *,
+    accuracy: str | dict = "video_task",
+    mu: float = 0.8,
+    alpha: float = 0.3,
+    min_accuracy: float = 0.1,
+    gap_scale: float = 1.0,
+) -> Reward:
     """T-GRPO temporal bonus column: alpha for correct answers when ordered frames beat shuffled ones (groupwise)."""
     name, kwargs = _as_spec(accuracy)
     return TemporalContrast(load(name, **kwargs), mu=mu, alpha=alpha, min_accuracy=min_accuracy, gap_scale=gap_scale)

@@ -108,21 +108,26 @@ class VideoSettings(ModelSettings):
             if getattr(self, key) not in choices:
                 raise UserError(f"pipeline.kwargs.{key} ({getattr(self, key)!r}) must be one of {choices}")
         if self.num_frames < 1 or self.max_frames < self.min_frames or self.min_frames < 1:
-            raise UserError(f"pipeline.kwargs: need num_frames >= 1 and 1 <= min_frames <= max_frames, got num_frames="
-                            f"{self.num_frames}, min_frames={self.min_frames}, max_frames={self.max_frames}; e.g. "
-                            f"pipeline.kwargs.min_frames=2 pipeline.kwargs.max_frames=64")
+            raise UserError(
+                f"pipeline.kwargs: need num_frames >= 1 and 1 <= min_frames <= max_frames, got num_frames="
+                f"{self.num_frames}, min_frames={self.min_frames}, max_frames={self.max_frames}; e.g. "
+                f"pipeline.kwargs.min_frames=2 pipeline.kwargs.max_frames=64"
+            )
         for key in ("frame_fps", "token_budget", "pixels_per_frame"):
             if getattr(self, key) <= 0:
                 raise UserError(f"pipeline.kwargs.{key} ({getattr(self, key)}) must be > 0")
 
     def _check_methods(self) -> None:
         if self.temporal not in TEMPORAL:
-            raise UserError(f"pipeline.kwargs.temporal ({self.temporal!r}) must be one of {TEMPORAL}: 'generate' is "
-                            f"Video-R1's T-GRPO (extra rollouts on shuffled frames), 'logp_gap' re-scores the same "
-                            f"completions on shuffled frames (no generation)")
+            raise UserError(
+                f"pipeline.kwargs.temporal ({self.temporal!r}) must be one of {TEMPORAL}: 'generate' is "
+                f"Video-R1's T-GRPO (extra rollouts on shuffled frames), 'logp_gap' re-scores the same "
+                f"completions on shuffled frames (no generation)"
+            )
         if self.temporal_samples is not None and self.temporal_samples < 1:
-            raise UserError(f"pipeline.kwargs.temporal_samples ({self.temporal_samples}) must be >= 1 or null "
-                            f"(G // 2)")
+            raise UserError(
+                f"pipeline.kwargs.temporal_samples ({self.temporal_samples}) must be >= 1 or null (G // 2)"
+            )
         at_least(self, "augment_noise", 0, " (pixel std, 0-255)")
         for name in ("span_template", "answer_template"):
             template = getattr(self, f"gt_{name}")

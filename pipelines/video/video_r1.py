@@ -19,21 +19,30 @@ from typing import Any
 
 from mmgrpo.errors import UserError
 
-TYPES = {"multiple choice": "multiple_choice", "numerical": "numeric", "regression": "numeric", "ocr": "free_form",
-         "free-form": "free_form"}
+TYPES = {
+    "multiple choice": "multiple_choice",
+    "numerical": "numeric",
+    "regression": "numeric",
+    "ocr": "free_form",
+    "free-form": "free_form",
+}
 
 
 def convert_row(row: Any, where: str) -> dict[str, Any] | None:
     """One Video-R1 row as a pipeline row, or None for an image row."""
     if not isinstance(row, dict):
-        raise UserError(f"{where}: expected a Video-R1 object with problem, problem_type, solution and path, got "
-                        f"{type(row).__name__}")
+        raise UserError(
+            f"{where}: expected a Video-R1 object with problem, problem_type, solution and path, got "
+            f"{type(row).__name__}"
+        )
     if str(row.get("data_type", "video")).lower() == "image":
         return None
     for key in ("problem", "problem_type", "solution", "path"):
         if not isinstance(row.get(key), str):
-            raise UserError(f"{where}: field {key!r} must be a string, got {row.get(key)!r}; Video-R1 rows have "
-                            f"problem, problem_type, solution ('<answer>...</answer>') and path")
+            raise UserError(
+                f"{where}: field {key!r} must be a string, got {row.get(key)!r}; Video-R1 rows have "
+                f"problem, problem_type, solution ('<answer>...</answer>') and path"
+            )
     kind = TYPES.get(row["problem_type"].strip().lower())
     if kind is None:
         raise UserError(f"{where}: problem_type {row['problem_type']!r} is not one of {sorted(TYPES)}")
@@ -59,10 +68,15 @@ def convert(src: str | Path, dst: str | Path) -> tuple[int, int]:
         raise UserError(f"{src} is not a file; pass Video-R1-260k.json (a JSON list) or a JSONL of its rows")
     text = src.read_text()
     try:
-        rows = json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines()
-                                                                      if x.strip()]
+        rows = (
+            json.loads(text)
+            if text.lstrip().startswith("[")
+            else [json.loads(x) for x in text.splitlines() if x.strip()]
+        )
     except json.JSONDecodeError as err:
-        raise UserError(f"{src}: not valid JSON ({err.msg} at line {err.lineno}); pass the Video-R1 JSON list") from None
+        raise UserError(
+            f"{src}: not valid JSON ({err.msg} at line {err.lineno}); pass the Video-R1 JSON list"
+        ) from None
     dst.parent.mkdir(parents=True, exist_ok=True)
     written = skipped = 0
     with open(dst, "w") as f:
