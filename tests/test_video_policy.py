@@ -277,3 +277,18 @@ def test_frame_defaults_live_in_frame_settings():
     assert FromPolicy is FrameSettings  # the name mmgrpo_shapes and older code import still works
     assert _frames(VideoSettings()) == FrameSettings()
     assert _frames(VideoSettings(num_frames=3, frame_cache="/c")) == FrameSettings(num_frames=3, cache_dir="/c")
+
+
+def test_method_defaults_live_in_method_settings():
+    """VideoSettings' method fields default to MethodSettings' (one source), and build maps them back unchanged; the
+    templates' null means MethodSettings' templates."""
+    from pipelines.video.build import _methods
+    from pipelines.video.policy import MethodSettings as FromPolicy
+    from pipelines.video.settings import MethodSettings, VideoSettings
+
+    assert FromPolicy is MethodSettings  # the name older code imports still works
+    assert _methods(VideoSettings()) == MethodSettings()
+    changed = VideoSettings(temporal="logp_gap", augment=True, augment_noise=5.0, gt_answer_template="A: {answer}")
+    assert _methods(changed) == MethodSettings(
+        temporal="logp_gap", augment=True, augment_noise=5.0, answer_template="A: {answer}"
+    )

@@ -12,7 +12,7 @@ from mmgrpo.plugins import pipeline_settings
 from mmgrpo.types import Task
 from pipelines.video.data import SHAPES_VIDEO, load_records, video_prompt_tokens
 from pipelines.video.methods import ground_truth_text
-from pipelines.video.settings import FrameSettings, VideoSettings
+from pipelines.video.settings import FrameSettings, MethodSettings, VideoSettings
 from pipelines.vlm import build as vlm
 from pipelines.vlm.data import check_prompt_lengths
 from pipelines.vlm.settings import FORMAT_INSTRUCTION
@@ -112,9 +112,6 @@ def _frames(s: VideoSettings):
 
 
 def _methods(s: VideoSettings):
-    # lazy: pipelines.video.policy imports transformers; `import pipelines` stays light
-    from pipelines.video.policy import MethodSettings
-
     templates = {
         k: v
         for k, v in (("span_template", s.gt_span_template), ("answer_template", s.gt_answer_template))

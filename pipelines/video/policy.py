@@ -6,7 +6,6 @@ Rollout extras: completion_ids, lengths, prompt_enc (as the VLM's), injected [N]
 """
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,28 +15,10 @@ from transformers.video_utils import VideoMetadata
 from mmgrpo.types import Rollout
 from pipelines.video import methods as vm
 from pipelines.video.io import read_frames, sample_indices, video_info
-from pipelines.video.settings import FrameSettings
+from pipelines.video.settings import FrameSettings, MethodSettings
 from pipelines.vlm.methods import answer_token_mask
 from pipelines.vlm.policy import VLMPolicy
 from rewards import load
-
-
-@dataclass
-class MethodSettings:
-    """Rollout-time method switches: T-GRPO signal, TempSamp ground-truth injection, DeepVideo-R1 augmentation."""
-
-    temporal: str = "none"
-    """"none" | "generate" (Video-R1: extra rollouts on shuffled frames) | "logp_gap" (re-score, no generation)"""
-    temporal_samples: int | None = None
-    """shuffled-frame rollouts per group with temporal="generate" (default G // 2, as Video-R1)"""
-    inject_ground_truth: bool = False
-    span_template: str = vm.SPAN_TEMPLATE
-    answer_template: str = vm.ANSWER_TEMPLATE
-    augment: bool = False
-    augment_reward: Any = "video_task"
-    augment_easy_min: float = 0.9
-    augment_hard_max: float = 0.0
-    augment_noise: float = 40.0
 
 
 class VideoPolicy(VLMPolicy):

@@ -1,12 +1,14 @@
 """The video pipeline's typed settings (`pipeline.kwargs` of `video`): the vlm pipeline's model settings
 (pipelines/vlm/settings.py `ModelSettings`, inherited, nothing re-declared) plus video records, frames and the
-method switches (T-GRPO, TempSamp-R1 ground-truth injection, Reg-GRPO augmentation), and the policy's FrameSettings,
-whose defaults the frame fields take. No model code here.
+method switches (T-GRPO, TempSamp-R1 ground-truth injection, Reg-GRPO augmentation), and the policy's FrameSettings
+and MethodSettings, whose defaults the frame and method fields take. No model code here.
 """
 
 from dataclasses import dataclass
+from typing import Any
 
 from mmgrpo.errors import UserError
+from pipelines.video import methods as vm
 from pipelines.video.io import BACKENDS, MODES, STRATEGIES
 from pipelines.video.methods import check_template
 from pipelines.vlm.settings import ModelSettings, at_least
@@ -29,6 +31,26 @@ class FrameSettings:
     strategy: str = "uniform"
     backend: str = "auto"
     cache_dir: str | None = None
+
+
+@dataclass
+class MethodSettings:
+    """The video policy's rollout-time method switches (T-GRPO signal, TempSamp ground-truth injection, DeepVideo-R1
+    augmentation): the one place their defaults live; VideoSettings' method fields (temporal, augment, ...) default
+    to these (its gt_*_template null = these templates) and build.py maps them back."""
+
+    temporal: str = "none"
+    """"none" | "generate" (Video-R1: extra rollouts on shuffled frames) | "logp_gap" (re-score, no generation)"""
+    temporal_samples: int | None = None
+    """shuffled-frame rollouts per group with temporal="generate" (default G // 2, as Video-R1)"""
+    inject_ground_truth: bool = False
+    span_template: str = vm.SPAN_TEMPLATE
+    answer_template: str = vm.ANSWER_TEMPLATE
+    augment: bool = False
+    augment_reward: Any = "video_task"
+    augment_easy_min: float = 0.9
+    augment_hard_max: float = 0.0
+    augment_noise: float = 40.0
 
 
 @dataclass
@@ -71,26 +93,26 @@ class VideoSettings(ModelSettings):
     """video reader: auto, decord or av"""
     frame_cache: str | None = FrameSettings.cache_dir
     """directory caching decoded frames; null = none"""
-    temporal: str = "none"
+    temporal: str = MethodSettings.temporal
     """T-GRPO signal: none, generate (Video-R1: extra rollouts on shuffled frames) or logp_gap (re-score, no
     generation)"""
-    temporal_samples: int | None = None
+    temporal_samples: int | None = MethodSettings.temporal_samples
     """shuffled-frame rollouts per group with temporal generate (>= 1); null = G // 2, as Video-R1"""
-    inject_ground_truth: bool = False
+    inject_ground_truth: bool = MethodSettings.inject_ground_truth
     """TempSamp-R1: put the ground-truth answer in each group (needs spans or answers in every training record)"""
     gt_span_template: str | None = None
     """TempSamp-R1: text of an injected span answer, with {start} and {end}; null = the default template"""
     gt_answer_template: str | None = None
     """TempSamp-R1: text of an injected answer, with {answer}; null = the default template"""
-    augment: bool = False
+    augment: bool = MethodSettings.augment
     """Reg-GRPO / DeepVideo-R1: difficulty-aware augmentation of too easy or too hard prompts"""
-    augment_reward: str | dict = "video_task"
+    augment_reward: str | dict = MethodSettings.augment_reward
     """reward that judges a prompt's difficulty for augment: a name or {name, kwargs}"""
-    augment_easy_min: float = 0.9
+    augment_easy_min: float = MethodSettings.augment_easy_min
     """augment: a group mean reward >= this is too easy (the frames are noised)"""
-    augment_hard_max: float = 0.0
+    augment_hard_max: float = MethodSettings.augment_hard_max
     """augment: a group mean reward <= this is too hard"""
-    augment_noise: float = 40.0
+    augment_noise: float = MethodSettings.augment_noise
     """augment: pixel noise std on a 0-255 scale (>= 0)"""
 
     def check(self) -> None:
