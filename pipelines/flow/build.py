@@ -33,8 +33,14 @@ from rewards.api import INPUTS
 
 __all__ = ["ATTENTION", "build_flow", "check_flow_kwargs", "read_prompts", "shapes_prompts", "tiny_task"]
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def shapes_prompts(spec: str) -> list[dict[str, Any]]:
@@ -44,8 +50,10 @@ def shapes_prompts(spec: str) -> list[dict[str, Any]]:
     cats = parts[2].split(",") if len(parts) > 2 and parts[2] else list(CATEGORIES)
     bad = [c for c in cats if c not in CATEGORIES]
     if split not in SPLITS or bad:
-        raise UserError(f"pipeline.kwargs.data ({spec!r}): use shapes:<split>[:<category>,...] with split in "
-                        f"{', '.join(SPLITS)} and categories from {', '.join(CATEGORIES)}")
+        raise UserError(
+            f"pipeline.kwargs.data ({spec!r}): use shapes:<split>[:<category>,...] with split in "
+            f"{', '.join(SPLITS)} and categories from {', '.join(CATEGORIES)}"
+        )
     return [{"prompt": p, "category": c} for c in cats for p in list_prompts(split, c)]
 
 
@@ -56,8 +64,10 @@ def read_prompts(path: str) -> list[dict[str, Any]]:
         return shapes_prompts(path)
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"pipeline.kwargs.data ({path!r}) is not a file; pass a .txt (one prompt per line) or a "
-                        f".jsonl file with a \"prompt\" field per line")
+        raise UserError(
+            f"pipeline.kwargs.data ({path!r}) is not a file; pass a .txt (one prompt per line) or a "
+            f'.jsonl file with a "prompt" field per line'
+        )
     lines = [ln for ln in p.read_text().splitlines() if ln.strip()]
     if p.suffix != ".jsonl":
         return [{"prompt": ln.strip()} for ln in lines]
@@ -68,7 +78,7 @@ def read_prompts(path: str) -> list[dict[str, Any]]:
         except json.JSONDecodeError as err:
             raise UserError(f"{path}:{i + 1} is not valid JSON ({err.msg}); write one JSON object per line") from None
         if not isinstance(rec, dict) or "prompt" not in rec:
-            raise UserError(f"{path}:{i + 1} has no \"prompt\" field; each line must be {{\"prompt\": ..., ...}}")
+            raise UserError(f'{path}:{i + 1} has no "prompt" field; each line must be {{"prompt": ..., ...}}')
         out.append(rec)
     return out
 
@@ -87,8 +97,10 @@ def load_pipeline(model: str, torch_dtype: torch.dtype):
     from diffusers import DiffusionPipeline
 
     if not model:
-        raise UserError("pipeline.kwargs.model is empty; pass a hub id (e.g. stabilityai/stable-diffusion-3.5-medium), "
-                        "a local directory saved with save_pretrained, or tiny:sd3 / tiny:flux / tiny:wan")
+        raise UserError(
+            "pipeline.kwargs.model is empty; pass a hub id (e.g. stabilityai/stable-diffusion-3.5-medium), "
+            "a local directory saved with save_pretrained, or tiny:sd3 / tiny:flux / tiny:wan"
+        )
     if model.startswith("tiny:"):  # a tiny random pipeline built on the spot, for CPU recipes and tests
         # lazy: pipelines.flow.tiny imports diffusers and transformers
         from pipelines.flow.tiny import save_tiny
@@ -106,30 +118,41 @@ def load_pipeline(model: str, torch_dtype: torch.dtype):
         return ShapesT2IPipeline.from_pretrained(model, dtype=torch_dtype)
     looks_local = model.startswith((".", "/", "~")) or os.sep in model.strip("/").split("/", 1)[-1]
     if looks_local and not Path(model).expanduser().is_dir():
-        raise UserError(f"pipeline.kwargs.model ({model!r}) is not a directory; pass an existing local pipeline "
-                        f"directory or a hub id such as stabilityai/stable-diffusion-3.5-medium")
+        raise UserError(
+            f"pipeline.kwargs.model ({model!r}) is not a directory; pass an existing local pipeline "
+            f"directory or a hub id such as stabilityai/stable-diffusion-3.5-medium"
+        )
     try:
-        return DiffusionPipeline.from_pretrained(str(Path(model).expanduser()) if looks_local else model,
-                                                 dtype=torch_dtype)
+        return DiffusionPipeline.from_pretrained(
+            str(Path(model).expanduser()) if looks_local else model, dtype=torch_dtype
+        )
     except (OSError, ValueError) as err:
         offline = " (HF_HUB_OFFLINE=1 is set)" if os.environ.get("HF_HUB_OFFLINE") == "1" else ""
         first = str(err).strip().splitlines()[0][:160] if str(err).strip() else type(err).__name__
-        raise UserError(f"pipeline.kwargs.model ({model!r}) could not be loaded{offline}: {first}; download it "
-                        f"first (huggingface-cli download {model}) or pass a local directory, "
-                        f"e.g. pipeline.kwargs.model=/path/to/model") from None
+        raise UserError(
+            f"pipeline.kwargs.model ({model!r}) could not be loaded{offline}: {first}; download it "
+            f"first (huggingface-cli download {model}) or pass a local directory, "
+            f"e.g. pipeline.kwargs.model=/path/to/model"
+        ) from None
 
 
 def _add_lora(transformer, model_type: str, rank: int, alpha: float | None, targets: list[str] | None) -> None:
     # lazy: peft is heavy to import (seconds); only LoRA runs need it
     from peft import LoraConfig
 
-    cfg = LoraConfig(r=rank, lora_alpha=alpha if alpha is not None else 2 * rank, init_lora_weights="gaussian",
-                     target_modules=list(targets or LORA_TARGETS[model_type]))
+    cfg = LoraConfig(
+        r=rank,
+        lora_alpha=alpha if alpha is not None else 2 * rank,
+        init_lora_weights="gaussian",
+        target_modules=list(targets or LORA_TARGETS[model_type]),
+    )
     try:
         transformer.add_adapter(cfg)
     except ValueError as err:
-        raise UserError(f"pipeline.kwargs.lora_targets ({cfg.target_modules}) match no layer of this transformer "
-                        f"({err}); name modules such as to_q, to_k, to_v, to_out.0") from None
+        raise UserError(
+            f"pipeline.kwargs.lora_targets ({cfg.target_modules}) match no layer of this transformer "
+            f"({err}); name modules such as to_q, to_k, to_v, to_out.0"
+        ) from None
     for p in transformer.parameters():
         if p.requires_grad:
             p.data = p.data.float()  # trainable adapter weights stay fp32 under bf16 base weights
@@ -140,8 +163,10 @@ def _model_type(pipe, model_type: str | None, sde: str) -> str:
     detected = model_type_of(type(pipe).__name__)
     model_type = model_type or detected
     if model_type not in MODEL_TYPES or (detected and detected != model_type):
-        raise UserError(f"pipeline.kwargs.model_type ({model_type!r}) must be one of {MODEL_TYPES} and match the "
-                        f"loaded {type(pipe).__name__} ({detected!r}); leave model_type unset to detect it")
+        raise UserError(
+            f"pipeline.kwargs.model_type ({model_type!r}) must be one of {MODEL_TYPES} and match the "
+            f"loaded {type(pipe).__name__} ({detected!r}); leave model_type unset to detect it"
+        )
     _check_ddim(sde, model_type, "grpo", "none")
     return model_type
 
@@ -162,8 +187,10 @@ def _reward_inputs(reward_inputs: list[str] | str | None) -> list[str] | None:
         return None
     kinds = [reward_inputs] if isinstance(reward_inputs, str) else list(reward_inputs)
     if not kinds or any(k not in INPUTS for k in kinds) or ("latent" in kinds and len(set(kinds)) > 1):
-        raise UserError(f"pipeline.kwargs.reward_inputs ({reward_inputs!r}) must list kinds from {', '.join(INPUTS)}, "
-                        f"either only latent (rollouts skip the VAE) or only pixel kinds; e.g. [latent] or [image]")
+        raise UserError(
+            f"pipeline.kwargs.reward_inputs ({reward_inputs!r}) must list kinds from {', '.join(INPUTS)}, "
+            f"either only latent (rollouts skip the VAE) or only pixel kinds; e.g. [latent] or [image]"
+        )
     return kinds
 
 
@@ -174,14 +201,35 @@ def check_attention(attention: str, device: torch.device) -> None:
 
     if torch.device(device).type != "cuda" or importlib.util.find_spec("xformers") is None:
         why = "no CUDA device" if torch.device(device).type != "cuda" else "the xformers package is not installed"
-        raise UserError(f"pipeline.kwargs.attention=xformers needs CUDA and xformers ({why}); install the cuda extra "
-                        f"(pip install -e \".[cuda]\") on a CUDA machine, or use attention=sdpa")
+        raise UserError(
+            f"pipeline.kwargs.attention=xformers needs CUDA and xformers ({why}); install the cuda extra "
+            f'(pip install -e ".[cuda]") on a CUDA machine, or use attention=sdpa'
+        )
 
 
 def check_flow_kwargs(**given) -> None:
     """The checks `build_flow` makes before loading anything: FlowSettings built from `given` and checked (the
     registry's `settings=` meta makes validation, `mmgrpo config` and `train`, do the same)."""
     pipeline_settings(FlowSettings, given)
+
+
+def _adapter(pipe: Any, s: FlowSettings, model_type: str, device: torch.device, dtype: torch.dtype) -> Any:
+    """The model adapter at the settings' resolution, frames and guidance, its latent shape checked."""
+    h, w = (s.resolution, s.resolution) if isinstance(s.resolution, int) else tuple(s.resolution)
+    adapter = adapter_for(model_type)(
+        pipe,
+        height=h,
+        width=w,
+        num_frames=s.num_frames,
+        guidance_scale=s.guidance_scale,
+        negative_prompt=s.negative_prompt,
+        max_sequence_length=s.max_sequence_length,
+        device=device,
+        dtype=dtype,
+        prompt_cache_items=s.prompt_cache_items,
+    )
+    adapter.latent_shape()  # resolution / frame-count errors before any rollout
+    return adapter
 
 
 def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.float32, **kwargs: Any) -> Task:
@@ -195,27 +243,43 @@ def build_flow(*, seed: int, device: torch.device, dtype: torch.dtype = torch.fl
     reward_inputs = _reward_inputs(s.reward_inputs)
     train = _records(s.data, s.prompts, "training prompts")
     if not train:
-        raise UserError("pipeline.kwargs needs prompts: data: prompts.txt|.jsonl or prompts: [\"a cat\", ...]")
+        raise UserError('pipeline.kwargs needs prompts: data: prompts.txt|.jsonl or prompts: ["a cat", ...]')
     weights_dtype = _DTYPES[s.torch_dtype] if s.torch_dtype else dtype
     pipe = load_pipeline(s.model, weights_dtype)
     model_type = _model_type(pipe, s.model_type, s.sde)
     transformer = _trainable(pipe, s, model_type, device)
-    h, w = (s.resolution, s.resolution) if isinstance(s.resolution, int) else tuple(s.resolution)
-    adapter = adapter_for(model_type)(pipe, height=h, width=w, num_frames=s.num_frames,
-                                      guidance_scale=s.guidance_scale, negative_prompt=s.negative_prompt,
-                                      max_sequence_length=s.max_sequence_length, device=device, dtype=weights_dtype,
-                                      prompt_cache_items=s.prompt_cache_items)
-    adapter.latent_shape()  # resolution / frame-count errors before any rollout
-    policy = FlowPolicy(pipe, adapter, num_steps=s.num_steps, sde_kind=s.sde, noise_level=s.noise_level,
-                        reduce=s.reduce, plan=s.plan, plan_kwargs=s.plan_kwargs or {},
-                        same_noise=s.same_noise_per_group, lora=s.lora_rank > 0, reference=s.reference,
-                        k_chunk=s.k_chunk, seed=seed, decode_batch_size=s.decode_batch_size, objective=s.objective,
-                        nft_steps=s.nft_steps, ratio_norm=s.ratio_norm, step_weights=s.step_weights,
-                        reward_inputs=reward_inputs, value_anchor=s.value_anchor, anchor_every=s.anchor_every,
-                        trust_step=s.trust_step)
+    adapter = _adapter(pipe, s, model_type, device, weights_dtype)
+    policy = FlowPolicy(
+        pipe,
+        adapter,
+        num_steps=s.num_steps,
+        sde_kind=s.sde,
+        noise_level=s.noise_level,
+        reduce=s.reduce,
+        plan=s.plan,
+        plan_kwargs=s.plan_kwargs or {},
+        same_noise=s.same_noise_per_group,
+        lora=s.lora_rank > 0,
+        reference=s.reference,
+        k_chunk=s.k_chunk,
+        seed=seed,
+        decode_batch_size=s.decode_batch_size,
+        objective=s.objective,
+        nft_steps=s.nft_steps,
+        ratio_norm=s.ratio_norm,
+        step_weights=s.step_weights,
+        reward_inputs=reward_inputs,
+        value_anchor=s.value_anchor,
+        anchor_every=s.anchor_every,
+        trust_step=s.trust_step,
+    )
     policy.num_params = {"transformer": num_params(transformer), "trainable": num_params(transformer, True)}
-    return Task(policy=policy, module=transformer, train_data=train,
-                eval_data=_records(s.eval_data, s.eval_prompts, "evaluation prompts"))
+    return Task(
+        policy=policy,
+        module=transformer,
+        train_data=train,
+        eval_data=_records(s.eval_data, s.eval_prompts, "evaluation prompts"),
+    )
 
 
 def _trainable(pipe, s: FlowSettings, model_type: str, device: torch.device):
@@ -242,7 +306,17 @@ def tiny_task(path: str, **overrides) -> Task:
     """`build_flow` on a model saved by `pipelines.flow.tiny.save_tiny` with small CPU settings (32 px, 4 steps,
     LoRA r4, CFG off), torch seeded first so LoRA initialisation repeats; keyword overrides win. For tests and quick
     checks. It lives here, not in tiny.py, so the tiny model builders never import the pipeline builder."""
-    kw = {"seed": 0, "device": torch.device("cpu"), "model": path, "prompts": ["a"], "resolution": 32,
-          "num_steps": 4, "max_sequence_length": 8, "lora_rank": 4, "guidance_scale": 1.0, **overrides}
+    kw = {
+        "seed": 0,
+        "device": torch.device("cpu"),
+        "model": path,
+        "prompts": ["a"],
+        "resolution": 32,
+        "num_steps": 4,
+        "max_sequence_length": 8,
+        "lora_rank": 4,
+        "guidance_scale": 1.0,
+        **overrides,
+    }
     torch.manual_seed(0)
     return build_flow(**kw)

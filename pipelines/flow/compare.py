@@ -17,22 +17,27 @@ from mmgrpo.errors import UserError
 from mmgrpo.evaluate import evaluate_run
 from mmgrpo.report import refresh_report
 
-EVAL_OVERRIDES = ("pipeline.kwargs.noise_level=0", "pipeline.kwargs.plan=independent",
-                  "pipeline.kwargs.plan_kwargs={train: all}", "pipeline.kwargs.objective=grpo",
-                  "pipeline.kwargs.same_noise_per_group=false")
+EVAL_OVERRIDES = (
+    "pipeline.kwargs.noise_level=0",
+    "pipeline.kwargs.plan=independent",
+    "pipeline.kwargs.plan_kwargs={train: all}",
+    "pipeline.kwargs.objective=grpo",
+    "pipeline.kwargs.same_noise_per_group=false",
+)
 """ODE sampling from one fresh noise per image, whatever plan / objective the recipe trains with (FlowPolicy's
 for_evaluation applies the same settings, so `mmgrpo eval` and `sample` agree with this tool)."""
 
 
-def compare_table(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]],
-                  columns: list[str]) -> str:
+def compare_table(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], columns: list[str]) -> str:
     """Rows = categories ("all" first), for each column: before, after and the change in points (x 100)."""
-    head = f"{'category':<16}{'n':>5}" + "".join(f"{c + ' before':>16}{c + ' after':>15}{'change':>9}"
-                                                 for c in columns)
+    head = f"{'category':<16}{'n':>5}" + "".join(
+        f"{c + ' before':>16}{c + ' after':>15}{'change':>9}" for c in columns
+    )
     lines = [head, "-" * len(head)]
     for cat, row in before.items():
-        cells = "".join(f"{row[c]:>16.3f}{after[cat][c]:>15.3f}{100 * (after[cat][c] - row[c]):>+9.1f}"
-                        for c in columns)
+        cells = "".join(
+            f"{row[c]:>16.3f}{after[cat][c]:>15.3f}{100 * (after[cat][c] - row[c]):>+9.1f}" for c in columns
+        )
         lines.append(f"{cat:<16}{int(row['n']):>5}" + cells)
     return "\n".join(lines)
 
@@ -42,14 +47,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("config")
     ap.add_argument("overrides", nargs="*", help="dotted overrides, as for mmgrpo train")
     ap.add_argument("--group-size", type=int, default=16, help="images per eval prompt (16)")
-    ap.add_argument("--grid-prompts", type=int, default=6, help="prompts shown in the report's samples, 4 images "
-                    "each, before and after (6)")
+    ap.add_argument(
+        "--grid-prompts",
+        type=int,
+        default=6,
+        help="prompts shown in the report's samples, 4 images each, before and after (6)",
+    )
     args = ap.parse_args(argv)
     try:
         name = load_config(args.config, args.overrides).pipeline.name
         if name != "flow":
-            raise UserError(f"pipeline.name ({name!r}): pipelines.flow.compare needs a flow recipe; use "
-                            f"mmgrpo eval ckpt=none and ckpt=latest for other pipelines")
+            raise UserError(
+                f"pipeline.name ({name!r}): pipelines.flow.compare needs a flow recipe; use "
+                f"mmgrpo eval ckpt=none and ckpt=latest for other pipelines"
+            )
         cfg = load_config(args.config, [*args.overrides, *EVAL_OVERRIDES])
         before, _ = evaluate_run(cfg, "none", group_size=args.group_size, samples=args.grid_prompts)
         after, _ = evaluate_run(cfg, "latest", group_size=args.group_size, samples=args.grid_prompts)
@@ -61,8 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     table = compare_table(before, after, columns)
     run_dir = Path(cfg.run.output_dir)
     n_prompts = int(before["all"]["n"]) // args.group_size
-    print(f"held-out prompts: {n_prompts}, {args.group_size} images each, ODE sampling, fixed seeds "
-          f"(before = base model, after = newest checkpoint of {run_dir})")
+    print(
+        f"held-out prompts: {n_prompts}, {args.group_size} images each, ODE sampling, fixed seeds "
+        f"(before = base model, after = newest checkpoint of {run_dir})"
+    )
     print(table)
     (run_dir / "eval_before_after.json").write_text(json.dumps({"before": before, "after": after}, indent=1))
     report = refresh_report(run_dir)  # leads with this table; the samples grid shows the same prompts and seeds

@@ -24,8 +24,9 @@ def completion_indices(start: int, end: int, stride: int) -> list[int]:
     return idx if idx[-1] == end else [*idx, end]
 
 
-def complete_granularities(plan, x: Tensor, prompt: Tensor, sigmas: Tensor, velocity: Callable, step: Callable,
-                           noise_level: float, device) -> tuple[Tensor, int]:
+def complete_granularities(
+    plan, x: Tensor, prompt: Tensor, sigmas: Tensor, velocity: Callable, step: Callable, noise_level: float, device
+) -> tuple[Tensor, int]:
     """ODE completions of every member x [P, ...] at each granularity -> leaves [P * M, ...] and the model calls.
 
     The M completions of a member start from the same latent at the same sigma: that velocity is computed once;
@@ -35,8 +36,9 @@ def complete_granularities(plan, x: Tensor, prompt: Tensor, sigmas: Tensor, velo
     length = torch.tensor([len(p) for p in paths])  # [M]
     sigmas = sigmas.cpu()  # step() checks host sigmas and copies them without waiting for the device
     table = torch.stack([sigmas[p + [p[-1]] * (int(length.max()) - len(p))] for p in paths])  # [M, L] padded
-    v = velocity(x, sigmas[start].expand(len(x)).to(device, non_blocking=True),
-                 prompt.to(device, non_blocking=True))  # [P, ...] shared by the M copies
+    v = velocity(
+        x, sigmas[start].expand(len(x)).to(device, non_blocking=True), prompt.to(device, non_blocking=True)
+    )  # [P, ...] shared by the M copies
     calls = len(x)
     x, v, prompt = x.repeat_interleave(m, 0), v.repeat_interleave(m, 0), prompt.repeat_interleave(m)  # [P * M, ...]
     gran = torch.arange(len(x)) % m  # [P * M] granularity of each leaf
@@ -45,8 +47,9 @@ def complete_granularities(plan, x: Tensor, prompt: Tensor, sigmas: Tensor, velo
         sig, sig_next = table[gran[rows], i], table[gran[rows], i + 1]  # [R] on the host
         on_dev = rows.to(x.device, non_blocking=True)  # [R]
         if i > 0:
-            v = velocity(x[on_dev], sig.to(device, non_blocking=True),
-                         prompt[rows].to(device, non_blocking=True))  # [R, ...] one call, per-row sigma
+            v = velocity(
+                x[on_dev], sig.to(device, non_blocking=True), prompt[rows].to(device, non_blocking=True)
+            )  # [R, ...] one call, per-row sigma
             calls += len(rows)
         out = step("ode", x[on_dev], v, sig, sig_next, noise_level=noise_level, generator=None)
         x = x.index_copy(0, on_dev, out.prev_sample)

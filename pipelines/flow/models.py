@@ -12,8 +12,14 @@ from torch import Tensor
 from pipelines.flow import sde
 
 MODEL_TYPES = ("sd3", "flux", "wan", "shapes", "sd", "sdxl")
-_CLASS_TO_TYPE = {"StableDiffusion3Pipeline": "sd3", "FluxPipeline": "flux", "WanPipeline": "wan",
-                  "ShapesT2IPipeline": "shapes", "StableDiffusionPipeline": "sd", "StableDiffusionXLPipeline": "sdxl"}
+_CLASS_TO_TYPE = {
+    "StableDiffusion3Pipeline": "sd3",
+    "FluxPipeline": "flux",
+    "WanPipeline": "wan",
+    "ShapesT2IPipeline": "shapes",
+    "StableDiffusionPipeline": "sd",
+    "StableDiffusionXLPipeline": "sdxl",
+}
 EPS_TYPES = ("sd", "sdxl")
 """epsilon-prediction UNet pipelines (pipelines/flow/unet.py): they step with sde "ddim" only"""
 
@@ -41,9 +47,20 @@ class FlowModel:
     Conditioning is a dict of per-sample tensors (leading dim = batch) so it can ride in `Rollout.extras`.
     """
 
-    def __init__(self, pipe: Any, *, height: int, width: int, num_frames: int = 1, guidance_scale: float = 1.0,
-                 negative_prompt: str = "", max_sequence_length: int | None = None, device: torch.device,
-                 dtype: torch.dtype, prompt_cache_items: int = 256):
+    def __init__(
+        self,
+        pipe: Any,
+        *,
+        height: int,
+        width: int,
+        num_frames: int = 1,
+        guidance_scale: float = 1.0,
+        negative_prompt: str = "",
+        max_sequence_length: int | None = None,
+        device: torch.device,
+        dtype: torch.dtype,
+        prompt_cache_items: int = 256,
+    ):
         self.pipe, self.height, self.width, self.num_frames = pipe, height, width, num_frames
         self.guidance_scale, self.negative_prompt = guidance_scale, negative_prompt
         self.max_sequence_length, self.device, self.dtype = max_sequence_length, device, dtype
@@ -115,8 +132,10 @@ class FlowModel:
     def _vae_shape(self) -> tuple[int, int]:
         f = self.pipe.vae_scale_factor if hasattr(self.pipe, "vae_scale_factor") else 8
         if self.height % (2 * f) or self.width % (2 * f):
-            raise ValueError(f"resolution {self.height}x{self.width} must be a multiple of {2 * f} for this model "
-                             f"(VAE factor {f} times patch size 2)")
+            raise ValueError(
+                f"resolution {self.height}x{self.width} must be a multiple of {2 * f} for this model "
+                f"(VAE factor {f} times patch size 2)"
+            )
         return self.height // f, self.width // f
 
 
@@ -125,16 +144,22 @@ class SD3Model(FlowModel):
 
     def _encode(self, prompts):
         kw = {"max_sequence_length": self.max_sequence_length} if self.max_sequence_length else {}
-        emb, _, pooled, _ = self.pipe.encode_prompt(prompts, None, None, device=self.device,
-                                                    do_classifier_free_guidance=False, **kw)
+        emb, _, pooled, _ = self.pipe.encode_prompt(
+            prompts, None, None, device=self.device, do_classifier_free_guidance=False, **kw
+        )
         return {"embeds": emb.to(self.dtype), "pooled": pooled.to(self.dtype)}
 
     def latent_shape(self):
         return (self.pipe.transformer.config.in_channels, *self._vae_shape())
 
     def forward(self, transformer, x, sigma, cond):
-        return transformer(hidden_states=x, timestep=sigma * 1000, encoder_hidden_states=cond["embeds"],
-                           pooled_projections=cond["pooled"], return_dict=False)[0]
+        return transformer(
+            hidden_states=x,
+            timestep=sigma * 1000,
+            encoder_hidden_states=cond["embeds"],
+            pooled_projections=cond["pooled"],
+            return_dict=False,
+        )[0]
 
     def _decode_latents(self, x):
         vae = self.pipe.vae
@@ -165,8 +190,13 @@ class FluxModel(FlowModel):
         cfg = self.pipe.scheduler.config
         if not cfg.get("use_dynamic_shifting", False):
             return sde.sigmas(num_steps, float(cfg.get("shift", 1.0)), grid="uniform")
-        mu = calculate_shift(self.latent_shape()[0], cfg.get("base_image_seq_len", 256),
-                             cfg.get("max_image_seq_len", 4096), cfg.get("base_shift", 0.5), cfg.get("max_shift", 1.15))
+        mu = calculate_shift(
+            self.latent_shape()[0],
+            cfg.get("base_image_seq_len", 256),
+            cfg.get("max_image_seq_len", 4096),
+            cfg.get("base_shift", 0.5),
+            cfg.get("max_shift", 1.15),
+        )
         return sde.sigmas(num_steps, dynamic=mu, grid="uniform")
 
     def forward(self, transformer, x, sigma, cond):
@@ -176,9 +206,16 @@ class FluxModel(FlowModel):
         guidance = None
         if transformer_config(transformer).get("guidance_embeds", False):
             guidance = torch.full((len(x),), self.embedded_guidance, device=x.device, dtype=torch.float32)
-        return transformer(hidden_states=x, timestep=sigma, guidance=guidance, pooled_projections=cond["pooled"],
-                           encoder_hidden_states=cond["embeds"], txt_ids=txt_ids, img_ids=img_ids,
-                           return_dict=False)[0]
+        return transformer(
+            hidden_states=x,
+            timestep=sigma,
+            guidance=guidance,
+            pooled_projections=cond["pooled"],
+            encoder_hidden_states=cond["embeds"],
+            txt_ids=txt_ids,
+            img_ids=img_ids,
+            return_dict=False,
+        )[0]
 
     def _decode_latents(self, x):
         vae = self.pipe.vae
@@ -197,8 +234,10 @@ class WanModel(FlowModel):
     def latent_shape(self):
         t = self.pipe.vae_scale_factor_temporal
         if (self.num_frames - 1) % t:
-            raise ValueError(f"num_frames={self.num_frames} must be 1 + a multiple of {t} for Wan's VAE, "
-                             f"e.g. {1 + t * max(1, (self.num_frames - 1) // t)}")
+            raise ValueError(
+                f"num_frames={self.num_frames} must be 1 + a multiple of {t} for Wan's VAE, "
+                f"e.g. {1 + t * max(1, (self.num_frames - 1) // t)}"
+            )
         f = self.pipe.vae_scale_factor_spatial
         if self.height % (2 * f) or self.width % (2 * f):
             raise ValueError(f"resolution {self.height}x{self.width} must be a multiple of {2 * f} for Wan")
@@ -206,8 +245,9 @@ class WanModel(FlowModel):
         return (c, (self.num_frames - 1) // t + 1, self.height // f, self.width // f)
 
     def forward(self, transformer, x, sigma, cond):
-        return transformer(hidden_states=x, timestep=sigma * 1000, encoder_hidden_states=cond["embeds"],
-                           return_dict=False)[0]
+        return transformer(
+            hidden_states=x, timestep=sigma * 1000, encoder_hidden_states=cond["embeds"], return_dict=False
+        )[0]
 
     def _decode_latents(self, x):
         vae = self.pipe.vae
@@ -229,8 +269,16 @@ ADAPTERS = {"sd3": SD3Model, "flux": FluxModel, "wan": WanModel}
 
 LORA_TARGETS = {
     # Flow-GRPO's SD3 targets: joint attention projections of both streams
-    "sd3": ["attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj", "attn.add_k_proj",
-            "attn.add_v_proj", "attn.to_add_out"],
+    "sd3": [
+        "attn.to_q",
+        "attn.to_k",
+        "attn.to_v",
+        "attn.to_out.0",
+        "attn.add_q_proj",
+        "attn.add_k_proj",
+        "attn.add_v_proj",
+        "attn.to_add_out",
+    ],
     "flux": ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"],
     "wan": ["to_q", "to_k", "to_v", "to_out.0"],
 }
@@ -240,4 +288,3 @@ LORA_TARGETS["sd"] = LORA_TARGETS["sdxl"] = ["to_q", "to_k", "to_v", "to_out.0"]
 
 def num_params(module: torch.nn.Module, trainable: bool = False) -> int:
     return sum(p.numel() for p in module.parameters() if p.requires_grad or not trainable)
-

@@ -26,18 +26,22 @@ def nft_optimality(adv: Tensor, *, adv_clip_max: float = 5.0) -> Tensor:
     return (adv.clamp(-adv_clip_max, adv_clip_max) / adv_clip_max / 2 + 0.5).clamp(0, 1)
 
 
-def _check_nft_inputs(velocity: Tensor, old_velocity: Tensor, target: Tensor, t: Tensor, r: Tensor, beta: float,
-                      weighting: str) -> None:
+def _check_nft_inputs(
+    velocity: Tensor, old_velocity: Tensor, target: Tensor, t: Tensor, r: Tensor, beta: float, weighting: str
+) -> None:
     """nft_loss's argument checks: matching shapes, t the leading dims, beta > 0, a known weighting, r in [0, 1]."""
     if velocity.shape != old_velocity.shape or velocity.shape != target.shape:
-        raise ValueError(f"velocity {tuple(velocity.shape)}, old_velocity {tuple(old_velocity.shape)} and target "
-                         f"{tuple(target.shape)} must match")
+        raise ValueError(
+            f"velocity {tuple(velocity.shape)}, old_velocity {tuple(old_velocity.shape)} and target "
+            f"{tuple(target.shape)} must match"
+        )
     nb = t.dim()
     if velocity.shape[:nb] != t.shape or velocity.dim() == nb:
         raise ValueError(f"t {tuple(t.shape)} must be the leading (batch) dims of velocity {tuple(velocity.shape)}")
     if not beta > 0 or weighting not in ("adaptive", "velocity"):
-        raise ValueError(f"nft_loss needs beta > 0 and weighting in ('adaptive', 'velocity'), got {beta}, "
-                         f"{weighting!r}")
+        raise ValueError(
+            f"nft_loss needs beta > 0 and weighting in ('adaptive', 'velocity'), got {beta}, {weighting!r}"
+        )
     if bool(((r < 0) | (r > 1)).any()):
         raise ValueError("r must lie in [0, 1] (an optimality probability); map advantages with nft_optimality")
 
@@ -90,12 +94,17 @@ def nft_loss(
     v, v_old, tgt = velocity.to(dtype), old_velocity.detach().to(dtype), target.to(dtype)
     dims = tuple(range(t.dim(), v.dim()))
     tt = t.to(dtype).reshape(*t.shape, *([1] * len(dims)))
-    losses = [_nft_branch_loss(v_pm - tgt, tt, dims, weighting, eps)  # [*B] each: L(e+), L(e-)
-              for v_pm in ((1 - beta) * v_old + beta * v, (1 + beta) * v_old - beta * v)]
+    losses = [
+        _nft_branch_loss(v_pm - tgt, tt, dims, weighting, eps)  # [*B] each: L(e+), L(e-)
+        for v_pm in ((1 - beta) * v_old + beta * v, (1 + beta) * v_old - beta * v)
+    ]
     r = torch.as_tensor(r, dtype=dtype, device=v.device)
     loss = (r * losses[0] + (1 - r) * losses[1]) / beta  # [*B]
-    metrics = {"nft/pos": losses[0].detach().mean(), "nft/neg": losses[1].detach().mean(),
-               "nft/old_deviation": ((v.detach() - v_old) ** 2).mean()}
+    metrics = {
+        "nft/pos": losses[0].detach().mean(),
+        "nft/neg": losses[1].detach().mean(),
+        "nft/old_deviation": ((v.detach() - v_old) ** 2).mean(),
+    }
     return loss, metrics
 
 
@@ -121,8 +130,10 @@ def nft(
     Args: adv [N] or [N, K]; mask [N, K]. Returns loss [N, K] (0 where masked) and nft/* metrics.
     """
     if velocity is None or old_velocity is None or target is None or t is None:
-        raise ValueError("algo.loss=nft needs the flow pipeline with pipeline.kwargs.objective=nft (it supplies the "
-                         "forward-process velocities); set both, or use algo.loss=clipped")
+        raise ValueError(
+            "algo.loss=nft needs the flow pipeline with pipeline.kwargs.objective=nft (it supplies the "
+            "forward-process velocities); set both, or use algo.loss=clipped"
+        )
     a = adv[:, None].expand(mask.shape) if adv.dim() == 1 else adv  # [N, K]
     r = nft_optimality(a.to(velocity.dtype), adv_clip_max=adv_clip_max)  # [N, K]
     loss, metrics = nft_loss(velocity, old_velocity, target, t, r, beta=beta, weighting=weighting)  # [N, K]
@@ -147,37 +158,69 @@ class NFT:
         return torch.zeros_like(trained)
 
     @torch.no_grad()
-    def rollout(self, policy: Any, plan: RolloutPlan, res: PlanResult, samples: list, cond: dict[str, Tensor],
-                group_size: int, seeds: list[int]) -> Rollout:
+    def rollout(
+        self,
+        policy: Any,
+        plan: RolloutPlan,
+        res: PlanResult,
+        samples: list,
+        cond: dict[str, Tensor],
+        group_size: int,
+        seeds: list[int],
+    ) -> Rollout:
         """The forward-process points of the clean samples res.final, drawn with per-sample generators seeded from
         the prompt's seed, the member and the policy's iteration; `cond` holds "cond_<key>" per sample."""
         x0, grid = res.final, policy.sigmas[:-1]  # x0 [N, ...], grid [T]
         n, k = x0.shape[0], self.steps
-        gens = [torch.Generator().manual_seed(plans.mix_seed(seeds[i // group_size], 17, i % group_size,
-                                                             policy.iteration)) for i in range(n)]
+        gens = [
+            torch.Generator().manual_seed(plans.mix_seed(seeds[i // group_size], 17, i % group_size, policy.iteration))
+            for i in range(n)
+        ]
         idx = torch.stack([torch.randperm(len(grid), generator=g)[:k] for g in gens])  # [N, K]
         eps = torch.stack([torch.randn((k, *x0.shape[1:]), generator=g) for g in gens]).to(x0)  # [N, K, ...]
         t = grid[idx].to(x0)  # [N, K]
         tt = t.view(n, k, *([1] * (x0.dim() - 1)))
         x_t = (1 - tt) * x0[:, None] + tt * eps  # [N, K, ...]
-        v_old = torch.cat([forward_velocity(policy.model, policy.transformer, x_t[i: i + 16], t[i: i + 16],
-                                            {key[5:]: v[i: i + 16] for key, v in cond.items()})
-                           for i in range(0, n, 16)])  # [N, K, ...]
+        v_old = torch.cat(
+            [
+                forward_velocity(
+                    policy.model,
+                    policy.transformer,
+                    x_t[i : i + 16],
+                    t[i : i + 16],
+                    {key[5:]: v[i : i + 16] for key, v in cond.items()},
+                )
+                for i in range(0, n, 16)
+            ]
+        )  # [N, K, ...]
         extras = {"x_t": x_t, "nft_target": eps - x0[:, None], "nft_v_old": v_old, "sigma": t, "step": idx, **cond}
-        metrics = {"rollout/nfe_per_sample": res.nfe / n + k, "rollout/sde_steps": 0.0,
-                   "rollout/first_trained_step": -1.0}
-        return Rollout(samples=samples, old_logp=torch.zeros(n, k), mask=torch.ones(n, k, dtype=torch.bool),
-                       extras=extras, metrics=metrics)
+        metrics = {
+            "rollout/nfe_per_sample": res.nfe / n + k,
+            "rollout/sde_steps": 0.0,
+            "rollout/first_trained_step": -1.0,
+        }
+        return Rollout(
+            samples=samples,
+            old_logp=torch.zeros(n, k),
+            mask=torch.ones(n, k, dtype=torch.bool),
+            extras=extras,
+            metrics=metrics,
+        )
 
-    def logp(self, policy: Any, model: nn.Module, rollout: Rollout, idx: Tensor,
-             ks: slice) -> tuple[Tensor, dict[str, Tensor]]:
+    def logp(
+        self, policy: Any, model: nn.Module, rollout: Rollout, idx: Tensor, ks: slice
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """No likelihood: zeros [n, k], and the "nft" loss's velocity, old_velocity, target and t in loss_kwargs."""
         ex = rollout.extras
         cond = {key[5:]: v[idx] for key, v in ex.items() if key.startswith("cond_")}
         t = ex["sigma"][idx][:, ks]  # [n, k]
         v = forward_velocity(policy.model, model, ex["x_t"][idx][:, ks], t, cond)  # [n, k, ...]
-        kw = {"velocity": v, "old_velocity": ex["nft_v_old"][idx][:, ks], "target": ex["nft_target"][idx][:, ks],
-              "t": t}
+        kw = {
+            "velocity": v,
+            "old_velocity": ex["nft_v_old"][idx][:, ks],
+            "target": ex["nft_target"][idx][:, ks],
+            "t": t,
+        }
         return torch.zeros(t.shape, device=v.device), {"loss_kwargs": kw}
 
     def ref_logp(self, policy: Any, rollout: Rollout, idx: Tensor) -> None:

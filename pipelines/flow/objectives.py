@@ -45,12 +45,21 @@ class FlowObjective(Protocol):
     def trained(self, trained: Tensor) -> Tensor:
         """[N, T] bool: which of the plan's transitions the rollout keeps, from the plan's choice `trained`."""
 
-    def rollout(self, policy: Any, plan: RolloutPlan, res: PlanResult, samples: list, cond: dict[str, Tensor],
-                group_size: int, seeds: list[int]) -> Rollout:
+    def rollout(
+        self,
+        policy: Any,
+        plan: RolloutPlan,
+        res: PlanResult,
+        samples: list,
+        cond: dict[str, Tensor],
+        group_size: int,
+        seeds: list[int],
+    ) -> Rollout:
         """The Rollout of a run plan: reward samples plus this objective's training inputs in extras."""
 
-    def logp(self, policy: Any, model: nn.Module, rollout: Rollout, idx: Tensor,
-             ks: slice) -> tuple[Tensor, dict[str, Tensor]]:
+    def logp(
+        self, policy: Any, model: nn.Module, rollout: Rollout, idx: Tensor, ks: slice
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """[n, k] log-probs through `model` and the aux dict (kl, loss_kwargs) the trainer reads."""
 
     def ref_logp(self, policy: Any, rollout: Rollout, idx: Tensor) -> Tensor | None:
@@ -68,12 +77,21 @@ class Likelihood:
     def trained(self, trained: Tensor) -> Tensor:
         return trained
 
-    def rollout(self, policy: Any, plan: RolloutPlan, res: PlanResult, samples: list, cond: dict[str, Tensor],
-                group_size: int, seeds: list[int]) -> Rollout:
+    def rollout(
+        self,
+        policy: Any,
+        plan: RolloutPlan,
+        res: PlanResult,
+        samples: list,
+        cond: dict[str, Tensor],
+        group_size: int,
+        seeds: list[int],
+    ) -> Rollout:
         return policy.transition_rollout(plan, res, samples, cond, group_size)
 
-    def logp(self, policy: Any, model: nn.Module, rollout: Rollout, idx: Tensor,
-             ks: slice) -> tuple[Tensor, dict[str, Tensor]]:
+    def logp(
+        self, policy: Any, model: nn.Module, rollout: Rollout, idx: Tensor, ks: slice
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         return policy.transition_logp(model, rollout, idx, ks)
 
     def ref_logp(self, policy: Any, rollout: Rollout, idx: Tensor) -> Tensor | None:
@@ -130,8 +148,10 @@ def guard_log_ratio(
     dtype = torch.promote_types(logp.dtype, torch.float32)
     d = torch.where(valid, logp.to(dtype) - old_logp.to(dtype), 0.0)  # [N, K]
     if (std is None) != (mean_sq_dist is None):
-        raise ValueError("guard_log_ratio needs both std and mean_sq_dist (exact RatioNorm) or neither (batch "
-                         "centring); got only one")
+        raise ValueError(
+            "guard_log_ratio needs both std and mean_sq_dist (exact RatioNorm) or neither (batch "
+            "centring); got only one"
+        )
     if std is None:
         count = valid.sum(0).clamp_min(1)  # [K]
         centre = (d.sum(0) / count).detach()  # [K]
@@ -155,8 +175,10 @@ def guard_step_weights(sigma: Tensor, sigma_next: Tensor, *, normalize: bool = F
     """
     sigma, sigma_next = torch.as_tensor(sigma, dtype=torch.float64), torch.as_tensor(sigma_next, dtype=torch.float64)
     if sigma.shape != sigma_next.shape or not bool((sigma > sigma_next).all()):
-        raise ValueError(f"guard_step_weights needs same-shape sigma > sigma_next, got {sigma.tolist()} and "
-                         f"{sigma_next.tolist()}; pass sigmas[:-1], sigmas[1:] of the trained steps")
+        raise ValueError(
+            f"guard_step_weights needs same-shape sigma > sigma_next, got {sigma.tolist()} and "
+            f"{sigma_next.tolist()}; pass sigmas[:-1], sigmas[1:] of the trained steps"
+        )
     w = 1.0 / (sigma - sigma_next)
     return w / w.mean() if normalize else w
 
@@ -174,8 +196,10 @@ def noise_aware_weights(
     """
     std = step_std(kind, sigma, sigma_next, noise_level=noise_level)  # [K]
     if not bool((std.mean() > 0).item()):
-        raise ValueError(f"noise_aware_weights: every step of kind {kind!r} is deterministic (std = 0); "
-                         f"use an SDE kind and noise_level > 0")
+        raise ValueError(
+            f"noise_aware_weights: every step of kind {kind!r} is deterministic (std = 0); "
+            f"use an SDE kind and noise_level > 0"
+        )
     return std / std.mean()
 
 
@@ -219,16 +243,19 @@ def guard_clipped(
     if weight is not None:
         weight = torch.as_tensor(weight, dtype=loss.dtype, device=loss.device)
         if weight.shape not in (loss.shape[1:], loss.shape):
-            raise ValueError(f"weight {tuple(weight.shape)} must be [K]=({loss.shape[1]},) or [N, K]="
-                             f"{tuple(loss.shape)}; pass one weight per trained step")
+            raise ValueError(
+                f"weight {tuple(weight.shape)} must be [K]=({loss.shape[1]},) or [N, K]="
+                f"{tuple(loss.shape)}; pass one weight per trained step"
+            )
         loss = loss * weight
     with torch.no_grad():
         valid = mask.bool()
         raw = torch.where(valid, logp.detach() - old_logp.detach(), 0.0)
         metrics["guard/raw_log_ratio_mean"] = raw.sum() / valid.sum().clamp_min(1)
     if k_offset is not None:
-        per_step = per_step_ratio_metrics(log_r.detach(), mask, clip_low=clip_low, clip_high=clip_high,
-                                          k_offset=int(k_offset))
+        per_step = per_step_ratio_metrics(
+            log_r.detach(), mask, clip_low=clip_low, clip_high=clip_high, k_offset=int(k_offset)
+        )
         metrics.update({f"guard/{key}": v for key, v in per_step.items()})
     return loss, metrics
 
@@ -259,8 +286,12 @@ def per_step_ratio_metrics(
     for j in range(log_ratio.shape[1]):
         if count[j] > 0:
             k = j + k_offset
-            out.update({f"ratio/k{k}/mean": mean[j], f"ratio/k{k}/std": std[j],
-                        f"ratio/k{k}/clip_upper": upper[j], f"ratio/k{k}/clip_lower": lower[j]})
+            out.update(
+                {
+                    f"ratio/k{k}/mean": mean[j],
+                    f"ratio/k{k}/std": std[j],
+                    f"ratio/k{k}/clip_upper": upper[j],
+                    f"ratio/k{k}/clip_lower": lower[j],
+                }
+            )
     return out
-
-

@@ -5,7 +5,6 @@ K is the number of trained denoising transitions; their latents ride in `Rollout
 
 import copy
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -19,9 +18,10 @@ from pipelines.flow.models import FlowModel, FluxModel, denoiser_of
 from pipelines.flow.objectives import guard_step_weights, make_objective, noise_aware_weights
 from pipelines.flow.sage import equaliser_weights
 from pipelines.flow.vgpo import vgpo_step_advantages
+from pipelines.flow.weights import FlowWeights
 
 
-class FlowPolicy:
+class FlowPolicy(FlowWeights):
     """GRPO policy over a diffusers flow transformer (LoRA adapter or full weights) with a rollout plan.
 
     Attributes read by the trainer: `k_chunk` (trained steps per backward; None = all K at once) and
@@ -40,15 +40,38 @@ class FlowPolicy:
     def wants_step_advantages(self) -> bool:
         """Tree plans credit each shared transition with its subtree's reward (BranchGRPO), not the leaf's; G2RPO's
         granularities credit a member's SDE step with the sum over its completions."""
-        return self.plan_name == "tree" or len(self.plan_kwargs.get("granularities") or (1,)) > 1 or \
-            self.value_anchor is not None
+        return (
+            self.plan_name == "tree"
+            or len(self.plan_kwargs.get("granularities") or (1,)) > 1
+            or self.value_anchor is not None
+        )
 
-    def __init__(self, pipe: Any, model: FlowModel, *, num_steps: int, sde_kind: str, noise_level: float,
-                 reduce: str, plan: str, plan_kwargs: dict, same_noise: bool, lora: bool, reference: bool,
-                 k_chunk: int | None, seed: int, decode_batch_size: int, objective: str = "grpo",
-                 nft_steps: int = 2, ratio_norm: bool = False, step_weights: str = "none",
-                 reward_inputs: Iterable[str] | None = None, value_anchor: dict | None = None,
-                 anchor_every: int = 0, trust_step: float = 0.0):
+    def __init__(
+        self,
+        pipe: Any,
+        model: FlowModel,
+        *,
+        num_steps: int,
+        sde_kind: str,
+        noise_level: float,
+        reduce: str,
+        plan: str,
+        plan_kwargs: dict,
+        same_noise: bool,
+        lora: bool,
+        reference: bool,
+        k_chunk: int | None,
+        seed: int,
+        decode_batch_size: int,
+        objective: str = "grpo",
+        nft_steps: int = 2,
+        ratio_norm: bool = False,
+        step_weights: str = "none",
+        reward_inputs: Iterable[str] | None = None,
+        value_anchor: dict | None = None,
+        anchor_every: int = 0,
+        trust_step: float = 0.0,
+    ):
         self.pipe, self.model, self.transformer = pipe, model, denoiser_of(pipe)
         self.objective = make_objective(objective, nft_steps=nft_steps)
         self.ratio_norm, self.step_weights = ratio_norm, step_weights
@@ -77,9 +100,11 @@ class FlowPolicy:
         device in its dtype; the gallery decodes only what it shows."""
         inputs = set(inputs)
         if "latent" in inputs and len(inputs) > 1:
-            raise ValueError(f"rewards read {sorted(inputs)}: every reward gets the same samples, so latent rewards "
-                             f"cannot be mixed with pixel ones; wrap the latent model in a reward that decodes, or "
-                             f"use only latent rewards")
+            raise ValueError(
+                f"rewards read {sorted(inputs)}: every reward gets the same samples, so latent rewards "
+                f"cannot be mixed with pixel ones; wrap the latent model in a reward that decodes, or "
+                f"use only latent rewards"
+            )
         self.decode_samples = inputs != {"latent"}
 
     def for_evaluation(self) -> None:
@@ -101,12 +126,21 @@ class FlowPolicy:
         texts = [str(p["prompt"]) for p in prompts]
         cond = self.model.encode(texts)  # [B, ...] per key
         try:
-            plan, trained = plans.make_plan(self.plan_name, num_steps=self.num_steps, group_size=group_size,
-                                            sde=self.sde_kind, iteration=self.iteration, same_noise=self.same_noise,
-                                            seeds=list(seeds), **self.plan_kwargs)
+            plan, trained = plans.make_plan(
+                self.plan_name,
+                num_steps=self.num_steps,
+                group_size=group_size,
+                sde=self.sde_kind,
+                iteration=self.iteration,
+                same_noise=self.same_noise,
+                seeds=list(seeds),
+                **self.plan_kwargs,
+            )
         except ValueError as err:  # the group size (known only here) does not fit the plan: say which fields
-            raise UserError(f"pipeline.kwargs.plan {self.plan_name!r} / plan_kwargs with sample.group_size="
-                            f"{group_size}: {' '.join(str(err).split())}") from None
+            raise UserError(
+                f"pipeline.kwargs.plan {self.plan_name!r} / plan_kwargs with sample.group_size="
+                f"{group_size}: {' '.join(str(err).split())}"
+            ) from None
         self.last_plan = plan
         device, dtype = self.model.device, self.model.dtype
 
@@ -118,19 +152,32 @@ class FlowPolicy:
                 kind, kw = "ddim", {**kw, "noise_level": 0.0}
             return sde.step(kind, x, v, s, s_next, reduce=self.reduce, **kw)
 
-        res = plans.execute(plan, seeds=list(seeds), shape=self.model.latent_shape(), sigmas=self.sigmas,
-                            trained=self.objective.trained(trained), velocity=velocity, step=step,
-                            noise_level=self.noise_level, device=device, dtype=dtype,
-                            keep_mean=self.ratio_norm or self.trust_step > 0)
+        res = plans.execute(
+            plan,
+            seeds=list(seeds),
+            shape=self.model.latent_shape(),
+            sigmas=self.sigmas,
+            trained=self.objective.trained(trained),
+            velocity=velocity,
+            step=step,
+            noise_level=self.noise_level,
+            device=device,
+            dtype=dtype,
+            keep_mean=self.ratio_norm or self.trust_step > 0,
+        )
         if not self._iteration_fixed:
             self.iteration += 1
-        samples = self.model.decode(res.final, self.decode_batch_size) if self.decode_samples else \
-            self._latent_samples(res.final)
+        samples = (
+            self.model.decode(res.final, self.decode_batch_size)
+            if self.decode_samples
+            else self._latent_samples(res.final)
+        )
         per_sample = {f"cond_{k}": v.repeat_interleave(group_size, 0) for k, v in cond.items()}
         return self.objective.rollout(self, plan, res, samples, per_sample, group_size, list(seeds))
 
-    def transition_rollout(self, plan: plans.RolloutPlan, res: plans.PlanResult, samples: list,
-                           cond: dict[str, Tensor], group_size: int) -> Rollout:
+    def transition_rollout(
+        self, plan: plans.RolloutPlan, res: plans.PlanResult, samples: list, cond: dict[str, Tensor], group_size: int
+    ) -> Rollout:
         """objective grpo's Rollout: the kept transitions (x_t, x_next, sigmas, step) with their sampling log-probs,
         the mask of the stochastic ones the plan credits, and the per-sample conditioning `cond` ("cond_<key>")."""
         device = self.model.device
@@ -143,15 +190,24 @@ class FlowPolicy:
         path_mask = None
         if plan.edge_credit == "once":  # a shared tree edge trains in one row; step_advantages redoes it after pruning
             path_mask, mask = mask, plans.credit_edges_once(plan, res.steps, mask, group_size)
-        extras = {"x_t": res.x_t, "x_next": res.x_next, "sigma": sig.to(device), "sigma_next": sig_next.to(device),
-                  "step": res.steps, **cond}
+        extras = {
+            "x_t": res.x_t,
+            "x_next": res.x_next,
+            "sigma": sig.to(device),
+            "sigma_next": sig_next.to(device),
+            "step": res.steps,
+            **cond,
+        }
         if path_mask is not None:
             extras["path_mask"] = path_mask  # [N, K] every leaf's whole path, before the edge credit
         if res.mean is not None:
             extras["old_mean"] = res.mean  # [N, K, ...] the rollout policy's means, for the exact RatioNorm
         sde_steps = sum(k != "ode" for k in plan.kinds)
-        metrics = {"rollout/nfe_per_sample": res.nfe / n, "rollout/sde_steps": float(sde_steps),
-                   "rollout/first_trained_step": float(res.steps.min()) if res.steps.numel() else -1.0}
+        metrics = {
+            "rollout/nfe_per_sample": res.nfe / n,
+            "rollout/sde_steps": float(sde_steps),
+            "rollout/first_trained_step": float(res.steps.min()) if res.steps.numel() else -1.0,
+        }
         return Rollout(samples=samples, old_logp=res.logp.cpu(), mask=mask, extras=extras, metrics=metrics)
 
     # ---- scoring
@@ -169,8 +225,20 @@ class FlowPolicy:
         sigma, sigma_next = pick(ex["sigma"][idx][:, ks]), pick(ex["sigma_next"][idx][:, ks])  # [E]
         x_t = pick(x)  # [E, ...]
         v = self.model.velocity(module, x_t, sigma, cond)
-        return sde.step(self.sde_kind, x_t, v, sigma, sigma_next, noise_level=self.noise_level,
-                        prev_sample=pick(ex["x_next"][idx][:, ks]), reduce=self.reduce), n, k
+        return (
+            sde.step(
+                self.sde_kind,
+                x_t,
+                v,
+                sigma,
+                sigma_next,
+                noise_level=self.noise_level,
+                prev_sample=pick(ex["x_next"][idx][:, ks]),
+                reduce=self.reduce,
+            ),
+            n,
+            k,
+        )
 
     def _nothing(self, rollout: Rollout, idx: Tensor, ks: slice):
         """What `_score` returns for an empty list of positions, without calling the model: (out, n, k)."""
@@ -184,19 +252,24 @@ class FlowPolicy:
         is a stand-in: with nothing trained, one pair is still scored under torch.distributed (FSDP gathers weights
         in every forward, DDP reduces in the last backward, so every rank must run the model); else none is."""
         pos = rollout.mask[idx][:, ks].reshape(-1).nonzero().flatten().cpu()  # [E]
-        if pos.numel() or not (torch.distributed.is_available() and torch.distributed.is_initialized()
-                               and torch.distributed.get_world_size() > 1):
+        if pos.numel() or not (
+            torch.distributed.is_available()
+            and torch.distributed.is_initialized()
+            and torch.distributed.get_world_size() > 1
+        ):
             return pos, False
         return torch.zeros(1, dtype=torch.long), True
 
-    def logp(self, model: nn.Module, rollout: Rollout, idx: Tensor,
-             k_slice: slice | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+    def logp(
+        self, model: nn.Module, rollout: Rollout, idx: Tensor, k_slice: slice | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """Log-probs [n, k] of the rollout's training inputs through `model` and the aux dict, as the objective
         scores them (grpo: transition_logp; nft: zeros, its loss reads loss_kwargs)."""
         return self.objective.logp(self, model, rollout, idx, k_slice if k_slice is not None else slice(None))
 
-    def transition_logp(self, model: nn.Module, rollout: Rollout, idx: Tensor,
-                        ks: slice) -> tuple[Tensor, dict[str, Tensor]]:
+    def transition_logp(
+        self, model: nn.Module, rollout: Rollout, idx: Tensor, ks: slice
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         """Log-probs [n, k] of the stored transitions through `model`; extras["kl"] [n, k] is the exact Gaussian KL
         to the reference once `ref_logp` has run on this rollout (it stores the reference means)."""
         pos, stand_in = self._trained_positions(rollout, idx, ks)  # [E] only these reach the transformer
@@ -214,8 +287,9 @@ class FlowPolicy:
             aux["kl"] = fill(torch.zeros_like(old), sde.kl_gaussian(out.mean, ref, out.std, self.reduce)).view(n, k)
             if self.trust_step > 0:  # the dual trust region's per-update term: KL to the rollout policy's means
                 mu = rollout.extras["old_mean"][idx][:, ks].reshape(n * k, *out.mean.shape[1:])[pos.to(ref.device)]
-                aux["kl"] = aux["kl"] + self.trust_step * fill(torch.zeros_like(old), trust.step_kl(
-                    out, mu, self.reduce)).view(n, k)
+                aux["kl"] = aux["kl"] + self.trust_step * fill(
+                    torch.zeros_like(old), trust.step_kl(out, mu, self.reduce)
+                ).view(n, k)
         kw = self._guard_kwargs(out, rollout, idx, ks, n, k, fill)
         if kw:
             aux["loss_kwargs"] = kw
@@ -227,14 +301,14 @@ class FlowPolicy:
         grad_equalizer: SAGE-GRPO's (std_t / |d mean_t / d v|) over its mean, sage.equaliser_weights)."""
         s, s_next = self.sigmas[:-1].double(), self.sigmas[1:].double()  # [T]
         if self.step_weights == "grad_equalizer":  # SAGE-GRPO: equal expected gradient norm per step
-
             return equaliser_weights(s, s_next, kind=self.sde_kind, noise_level=self.noise_level)
         if self.step_weights == "noise_aware":
             return noise_aware_weights(s, s_next, kind=self.sde_kind, noise_level=self.noise_level)
         return guard_step_weights(s, s_next, normalize=self.step_weights == "guard_normalized")
 
-    def _guard_kwargs(self, out, rollout: Rollout, idx: Tensor, ks: slice, n: int, k: int,
-                      fill: "_Filler") -> dict[str, Tensor]:
+    def _guard_kwargs(
+        self, out, rollout: Rollout, idx: Tensor, ks: slice, n: int, k: int, fill: "_Filler"
+    ) -> dict[str, Tensor]:
         """The guard_clipped loss's per-element inputs [n, k]: std and mean_sq_dist (ratio_norm), weight, k_offset.
         Untrained pairs (not scored) get std 1 and mean_sq_dist 0, constants the loss masks."""
         kw = {}
@@ -243,8 +317,9 @@ class FlowPolicy:
             old = old[fill.pos.to(old.device)].to(out.mean)  # [E, ...]
             base = torch.ones(n * k, dtype=out.std.dtype, device=out.std.device)  # [n * k]
             kw["std"] = fill(base, out.std).view(n, k)
-            kw["mean_sq_dist"] = fill(torch.zeros_like(base), sde._reduce((out.mean - old) ** 2, self.reduce)
-                                      ).view(n, k)  # grad through mean
+            kw["mean_sq_dist"] = fill(torch.zeros_like(base), sde._reduce((out.mean - old) ** 2, self.reduce)).view(
+                n, k
+            )  # grad through mean
         if self.step_weights != "none":
             steps = rollout.extras["step"][idx][:, ks]  # [n, k]
             kw["weight"] = self.step_weight_table()[steps.cpu()].to(out.logp)  # [n, k]
@@ -312,63 +387,19 @@ class FlowPolicy:
             leaf_logp = torch.zeros(n, t).scatter(1, steps.cpu(), rollout.old_logp.float().cpu())  # [N, T]
             leaf_logp = leaf_logp.view(*rewards.shape, t).to(rewards.device)  # [B, G, T]
         if self.value_anchor is not None:  # VGPO: subtree values before / after each step, anchored normalisation
-
             lp = None if leaf_logp is None else leaf_logp.cpu()
-            return vgpo_step_advantages(plan, rewards.cpu(), steps.cpu(), fusion=plan.fusion, leaf_logp=lp,
-                                        fusion_alpha=plan.fusion_alpha, **self.value_anchor).to(rewards.device)
-        return plans.depth_advantages(plan, rewards, steps, fusion=plan.fusion, leaf_logp=leaf_logp,
-                                      alpha=plan.fusion_alpha)
-
-    # ---- weights
-
-    def trainable_parameters(self) -> Iterable[nn.Parameter]:
-        return [p for p in self.transformer.parameters() if p.requires_grad]
-
-    def state_dict(self) -> dict[str, Tensor]:
-        """The peft adapter state (LoRA) or the full transformer state (full fine-tuning), detached copies; plus
-        SAGE-GRPO's moving anchor under "anchor." when it is on (trust.MovingAnchor.state_dict)."""
-        if self.lora:
-            # lazy: peft is heavy to import (seconds); only LoRA runs need it
-            from peft import get_peft_model_state_dict
-
-            state = get_peft_model_state_dict(self.transformer)
-        else:
-            state = self.transformer.state_dict()
-        return {k: v.detach().clone() for k, v in state.items()} | self.anchor.state_dict(self)
-
-    def load_state_dict(self, state: dict[str, Tensor]) -> None:
-        anchor = {k: v for k, v in state.items() if k.startswith(trust.MovingAnchor.PREFIX)}
-        state = {k: v for k, v in state.items() if k not in anchor}
-        self.anchor.load_state_dict(self, anchor)  # a policy without a moving anchor ignores a saved one
-        if self.lora:
-            # lazy: peft is heavy to import (seconds); only LoRA runs need it
-            from peft import set_peft_model_state_dict
-
-            result = set_peft_model_state_dict(self.transformer, state)
-            bad = [k for k in getattr(result, "unexpected_keys", []) if "lora" in k]
-            if bad:
-                raise ValueError(f"adapter state has keys this model lacks ({bad[:3]}...); was it saved with other "
-                                 f"lora_targets?")
-        else:
-            self.transformer.load_state_dict(state)
-
-    def save_lora(self, path: str) -> None:
-        """Write the adapter as diffusers LoRA weights (pytorch_lora_weights.safetensors) for `load_lora_weights`."""
-        if not self.lora:
-            raise ValueError("save_lora needs a LoRA policy (lora_rank > 0); full fine-tuning saves the transformer "
-                             "with transformer.save_pretrained instead")
-        # the adapter config (rank, alpha, targets) travels as metadata: without it a loader assumes alpha = rank
-        meta = self.transformer.peft_config["default"].to_dict()
-        name = "transformer" if getattr(self.pipe, "transformer", None) is not None else "unet"
-        type(self.pipe).save_lora_weights(save_directory=path, **{f"{name}_lora_layers": self.state_dict(),
-                                                                   f"{name}_lora_adapter_metadata": meta})
-
-    def export(self, directory: Path) -> None:
-        """Each checkpoint's export/: with LoRA on a diffusers pipeline, the adapter as `load_lora_weights` reads it.
-        Full fine-tuning (and the pixel-space ShapesWorld model, which has no pipeline class) writes nothing more:
-        the checkpoint's safetensors already hold every trained weight."""
-        if self.lora and hasattr(type(self.pipe), "save_lora_weights"):
-            self.save_lora(str(directory))
+            return vgpo_step_advantages(
+                plan,
+                rewards.cpu(),
+                steps.cpu(),
+                fusion=plan.fusion,
+                leaf_logp=lp,
+                fusion_alpha=plan.fusion_alpha,
+                **self.value_anchor,
+            ).to(rewards.device)
+        return plans.depth_advantages(
+            plan, rewards, steps, fusion=plan.fusion, leaf_logp=leaf_logp, alpha=plan.fusion_alpha
+        )
 
     def _latent_samples(self, x: Tensor) -> list[Tensor]:
         """Final latents [N, ...] as reward samples; FLUX's packed [h*w/4, 4C] tokens become [C, h, w]."""

@@ -66,20 +66,35 @@ def equaliser_weights(sigma: Tensor, sigma_next: Tensor, *, kind: str = "sage", 
     """
     sigma = torch.as_tensor(sigma, dtype=torch.float64).reshape(-1)  # [K]
     sigma_next = torch.as_tensor(sigma_next, dtype=torch.float64).reshape(-1)  # [K]
-    std = STEPS.get(kind)(torch.zeros(len(sigma), 1, dtype=torch.float64), torch.zeros(len(sigma), 1,
-                          dtype=torch.float64), sigma, sigma_next, noise_level=noise_level)[1]  # [K]
+    std = STEPS.get(kind)(
+        torch.zeros(len(sigma), 1, dtype=torch.float64),
+        torch.zeros(len(sigma), 1, dtype=torch.float64),
+        sigma,
+        sigma_next,
+        noise_level=noise_level,
+    )[1]  # [K]
     gain = _mean_gain(kind, sigma, sigma_next, noise_level)  # [K]
     raw = torch.where((std > 0) & (gain > 0), std / gain.clamp_min(1e-300), torch.zeros_like(std))  # [K]
     live = raw > 0
     if not bool(live.any()):
-        raise ValueError(f"equaliser_weights: every step of kind {kind!r} is deterministic (std = 0); nothing to weigh")
+        raise ValueError(
+            f"equaliser_weights: every step of kind {kind!r} is deterministic (std = 0); nothing to weigh"
+        )
     return raw / raw[live].mean()
 
 
 @POLICY_LOSSES.register("weighted_clipped", paper="arXiv:2603.21872")
-def weighted_clipped(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, *, clip_low: float = 0.2,
-                     clip_high: float = 0.2, weight: Tensor | None = None,
-                     k_offset: int | None = None) -> tuple[Tensor, dict[str, Tensor]]:
+def weighted_clipped(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    weight: Tensor | None = None,
+    k_offset: int | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """The clipped surrogate times a per-step weight: how SAGE-GRPO's gradient-norm equaliser enters the loss.
 
     Paper: SAGE-GRPO arXiv:2603.21872; PPO arXiv:1707.06347. Formula: loss = w_k * -min(r A, clip(r, 1 - clip_low,
@@ -93,8 +108,10 @@ def weighted_clipped(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, 
         return loss, metrics
     weight = torch.as_tensor(weight, dtype=loss.dtype, device=loss.device)
     if weight.shape not in (loss.shape[1:], loss.shape):
-        raise ValueError(f"weight {tuple(weight.shape)} must be [K]=({loss.shape[1]},) or [N, K]={tuple(loss.shape)}; "
-                         f"pass one weight per trained step")
+        raise ValueError(
+            f"weight {tuple(weight.shape)} must be [K]=({loss.shape[1]},) or [N, K]={tuple(loss.shape)}; "
+            f"pass one weight per trained step"
+        )
     return loss * weight, metrics
 
 

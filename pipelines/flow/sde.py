@@ -37,8 +37,10 @@ def _per_sample(x: Tensor | float, n: int, name: str, dtype: torch.dtype, device
     if x.dim() == 0:
         return x.expand(n)
     if x.shape != (n,):
-        raise ValueError(f"{name} must be a scalar or one value per sample [N]=({n},), got shape {tuple(x.shape)}; "
-                         f"pass sigmas[step_index] per sample")
+        raise ValueError(
+            f"{name} must be a scalar or one value per sample [N]=({n},), got shape {tuple(x.shape)}; "
+            f"pass sigmas[step_index] per sample"
+        )
     return x
 
 
@@ -56,11 +58,15 @@ def _checked(sigma: Tensor, sigma_next: Tensor) -> tuple[Tensor, Tensor]:
 def _check_flow(sigma: Tensor, sigma_next: Tensor, kind: str, *, positive: bool = False) -> None:
     sigma, sigma_next = _checked(sigma, sigma_next)
     if not bool(((0 <= sigma_next) & (sigma_next <= sigma) & (sigma <= 1)).all()):
-        raise ValueError(f"{kind} needs 0 <= sigma_next <= sigma <= 1 (sigma goes 1 -> 0), got sigma="
-                         f"{sigma.tolist()}, sigma_next={sigma_next.tolist()}; pass sigmas[i], sigmas[i + 1]")
+        raise ValueError(
+            f"{kind} needs 0 <= sigma_next <= sigma <= 1 (sigma goes 1 -> 0), got sigma="
+            f"{sigma.tolist()}, sigma_next={sigma_next.tolist()}; pass sigmas[i], sigmas[i + 1]"
+        )
     if positive and not bool((sigma > 0).all()):
-        raise ValueError(f"{kind} divides by sigma, got sigma={sigma.tolist()}; the step from sigma=0 is empty, "
-                         f"stop the schedule at the last sigma > 0")
+        raise ValueError(
+            f"{kind} divides by sigma, got sigma={sigma.tolist()}; the step from sigma=0 is empty, "
+            f"stop the schedule at the last sigma > 0"
+        )
 
 
 def _view(x: Tensor, ndim: int) -> Tensor:
@@ -129,8 +135,10 @@ def cps_moments(x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor, *, nois
     """
     _check_flow(sigma, sigma_next, "cps")
     if not 0 <= noise_level <= 1:
-        raise ValueError(f"cps needs 0 <= noise_level <= 1 (std = sigma_next * sin(noise_level * pi / 2)), got "
-                         f"{noise_level}; the CPS paper recommends 0.8")
+        raise ValueError(
+            f"cps needs 0 <= noise_level <= 1 (std = sigma_next * sin(noise_level * pi / 2)), got "
+            f"{noise_level}; the CPS paper recommends 0.8"
+        )
     std = sigma_next * math.sin(noise_level * math.pi / 2)  # [N]
     s, s_next = _view(sigma, x.dim()), _view(sigma_next, x.dim())
     keep = _view(torch.sqrt((sigma_next**2 - std**2).clamp_min(0)), x.dim())
@@ -160,8 +168,10 @@ def ddim_moments(x: Tensor, eps: Tensor, alpha_bar: Tensor, alpha_bar_prev: Tens
     """
     ha, hp = _checked(alpha_bar, alpha_bar_prev)
     if not bool(((0 < ha) & (ha <= hp) & (hp <= 1) & (ha < 1)).all()):
-        raise ValueError(f"ddim needs 0 < alpha_bar < 1 and alpha_bar <= alpha_bar_prev <= 1 (pass alphas_cumprod "
-                         f"values, not sigmas), got {ha.tolist()}, {hp.tolist()}")
+        raise ValueError(
+            f"ddim needs 0 < alpha_bar < 1 and alpha_bar <= alpha_bar_prev <= 1 (pass alphas_cumprod "
+            f"values, not sigmas), got {ha.tolist()}, {hp.tolist()}"
+        )
     if not 0 <= noise_level <= 1:
         raise ValueError(f"ddim needs 0 <= eta <= 1 (eta > 1 makes 1 - a_prev - std^2 negative), got {noise_level}")
     var = (1 - alpha_bar_prev) / (1 - alpha_bar) * (1 - alpha_bar / alpha_bar_prev)  # [N]
@@ -179,8 +189,10 @@ def _noise(shape: tuple, generator, device: torch.device, dtype: torch.dtype) ->
     """N(0, I) noise as diffusers' randn_tensor: one generator, or one per sample (then independent of the batch)."""
     if isinstance(generator, (list, tuple)):
         if len(generator) != shape[0]:
-            raise ValueError(f"generator list has {len(generator)} generators for N={shape[0]} samples; pass one "
-                             f"per sample (or a single torch.Generator)")
+            raise ValueError(
+                f"generator list has {len(generator)} generators for N={shape[0]} samples; pass one "
+                f"per sample (or a single torch.Generator)"
+            )
         parts = [torch.randn((1, *shape[1:]), generator=g, device=g.device, dtype=dtype) for g in generator]
         return torch.cat(parts).to(device, non_blocking=True)  # a host -> device copy that does not wait
     rand_device = generator.device if generator is not None else device
@@ -199,15 +211,20 @@ def gaussian_logp(x: Tensor, mean: Tensor, std: Tensor, reduce: str = "mean") ->
     return torch.where(pos, _reduce(elem, reduce), torch.zeros((), dtype=mean.dtype, device=mean.device))  # [N]
 
 
-def _check_step_inputs(sample: Tensor, velocity: Tensor, prev_sample: Tensor | None, noise_level: float,
-                       reduce: str) -> None:
+def _check_step_inputs(
+    sample: Tensor, velocity: Tensor, prev_sample: Tensor | None, noise_level: float, reduce: str
+) -> None:
     """step()'s argument checks, each naming the argument, what it got and what to pass."""
     if velocity.shape != sample.shape:
-        raise ValueError(f"velocity {tuple(velocity.shape)} != sample {tuple(sample.shape)}: the model output must "
-                         f"have the latent's shape")
+        raise ValueError(
+            f"velocity {tuple(velocity.shape)} != sample {tuple(sample.shape)}: the model output must "
+            f"have the latent's shape"
+        )
     if prev_sample is not None and prev_sample.shape != sample.shape:
-        raise ValueError(f"prev_sample {tuple(prev_sample.shape)} != sample {tuple(sample.shape)}: score the stored "
-                         f"next latent of this same step")
+        raise ValueError(
+            f"prev_sample {tuple(prev_sample.shape)} != sample {tuple(sample.shape)}: score the stored "
+            f"next latent of this same step"
+        )
     if sample.dim() < 1 or sample.shape[0] == 0:
         raise ValueError(f"sample must be [N, ...] with N >= 1, got shape {tuple(sample.shape)}")
     if not noise_level >= 0:
@@ -216,8 +233,9 @@ def _check_step_inputs(sample: Tensor, velocity: Tensor, prev_sample: Tensor | N
         raise ValueError(f"reduce must be 'mean' (per-element average, as Flow-GRPO) or 'sum', got {reduce!r}")
 
 
-def _moments(fn, x: Tensor, v: Tensor, sigma: Tensor | float, sigma_next: Tensor | float,
-             noise_level: float) -> tuple[Tensor, Tensor]:
+def _moments(
+    fn, x: Tensor, v: Tensor, sigma: Tensor | float, sigma_next: Tensor | float, noise_level: float
+) -> tuple[Tensor, Tensor]:
     """A kind's (mean [N, ...], std [N]) at x, v (already in the compute dtype), the sigmas made per-sample [N].
 
     On an accelerator with sigmas given on the host, the kind validates the host copies (_HOST_SIGMAS) and the
@@ -226,8 +244,10 @@ def _moments(fn, x: Tensor, v: Tensor, sigma: Tensor | float, sigma_next: Tensor
     on_host = lambda t: not isinstance(t, Tensor) or t.device.type == "cpu"
     token = None
     if dev.type != "cpu" and on_host(sigma) and on_host(sigma_next):  # check the host copies, copy without a wait
-        host = (_per_sample(sigma, n, "sigma", dtype, torch.device("cpu")),
-                _per_sample(sigma_next, n, "sigma_next", dtype, torch.device("cpu")))  # [N], [N]
+        host = (
+            _per_sample(sigma, n, "sigma", dtype, torch.device("cpu")),
+            _per_sample(sigma_next, n, "sigma_next", dtype, torch.device("cpu")),
+        )  # [N], [N]
         token = _HOST_SIGMAS.set(host)
         sigma, sigma_next = (h.to(dev, non_blocking=True) for h in host)
     sigma = _per_sample(sigma, n, "sigma", dtype, dev)  # [N]
@@ -306,8 +326,17 @@ def ddim_step(
     Paper: DDPO arXiv:2305.13301. For t_prev < 0 pass the scheduler's final_alpha_cumprod (1.0 with
     set_alpha_to_one=True; alphas_cumprod[0] for SD 1.x, which sets it False). See ddim_moments and step().
     """
-    return step("ddim", sample, eps, alpha_bar, alpha_bar_prev, noise_level=eta, prev_sample=prev_sample,
-                generator=generator, reduce=reduce)
+    return step(
+        "ddim",
+        sample,
+        eps,
+        alpha_bar,
+        alpha_bar_prev,
+        noise_level=eta,
+        prev_sample=prev_sample,
+        generator=generator,
+        reduce=reduce,
+    )
 
 
 def step_std(kind: str, sigma: Tensor, sigma_next: Tensor, *, noise_level: float) -> Tensor:
@@ -331,8 +360,10 @@ def kl_gaussian(mean: Tensor, ref_mean: Tensor, std: Tensor | float, reduce: str
     Returns: [N] in >= float32.
     """
     if mean.shape != ref_mean.shape:
-        raise ValueError(f"ref_mean {tuple(ref_mean.shape)} != mean {tuple(mean.shape)}: score the same latents "
-                         f"under the reference model")
+        raise ValueError(
+            f"ref_mean {tuple(ref_mean.shape)} != mean {tuple(mean.shape)}: score the same latents "
+            f"under the reference model"
+        )
     if reduce not in ("mean", "sum"):
         raise ValueError(f"reduce must be 'mean' or 'sum', got {reduce!r}; use the reduction of your logp")
     dtype = torch.promote_types(mean.dtype, torch.float32)
@@ -372,8 +403,10 @@ def sigmas(
         [T+1] float32, sigmas[0] = 1 (for shift >= 1 / the default grid) and sigmas[T] = 0.
     """
     if num_steps < 1 or shift <= 0 or num_train_timesteps < 1:
-        raise ValueError(f"sigmas needs num_steps >= 1, shift > 0 and num_train_timesteps >= 1, got {num_steps}, "
-                         f"{shift}, {num_train_timesteps}")
+        raise ValueError(
+            f"sigmas needs num_steps >= 1, shift > 0 and num_train_timesteps >= 1, got {num_steps}, "
+            f"{shift}, {num_train_timesteps}"
+        )
     if grid not in ("scheduler", "uniform"):
         raise ValueError(f"grid must be 'scheduler' (diffusers' default) or 'uniform' (FluxPipeline), got {grid!r}")
     s_min = 1.0 / num_train_timesteps

@@ -107,6 +107,7 @@ class FlowSettings:
 
     def check_algo(self, algo: Any) -> None:
         """A switch that hands the loss extra per-element inputs needs a loss that takes them (GRPO-Guard's)."""
+
         def params(name: str):
             return inspect.signature(losses.POLICY_LOSSES.get(name)).parameters
 
@@ -132,31 +133,41 @@ def check_flow_settings(s: FlowSettings) -> None:
     ratio_norm, step_weights, torch_dtype = kw["ratio_norm"], kw["step_weights"], kw["torch_dtype"]
     same_noise_per_group, attention = kw["same_noise_per_group"], kw["attention"]
     if sde not in sde_mod.STEPS or sde == "ode":
-        raise UserError(f"pipeline.kwargs.sde ({sde!r}) must be a stochastic step: flow_grpo, dance or cps (flow "
-                        f"models), ddim (epsilon-prediction UNets: SD 1.x, SDXL)")
+        raise UserError(
+            f"pipeline.kwargs.sde ({sde!r}) must be a stochastic step: flow_grpo, dance or cps (flow "
+            f"models), ddim (epsilon-prediction UNets: SD 1.x, SDXL)"
+        )
     if kw["reduce"] not in ("mean", "sum"):
-        raise UserError(f"pipeline.kwargs.reduce ({kw['reduce']!r}) must be mean (Flow-GRPO, DanceGRPO, DDPO: the mean "
-                        f"over latent elements) or sum (the whole latent's log-density)")
+        raise UserError(
+            f"pipeline.kwargs.reduce ({kw['reduce']!r}) must be mean (Flow-GRPO, DanceGRPO, DDPO: the mean "
+            f"over latent elements) or sum (the whole latent's log-density)"
+        )
     _check_ddim(sde, kw["model_type"], objective, step_weights)
     _check_value_anchor(kw["value_anchor"], plan_kwargs or {}, objective)
     _check_trust(kw["anchor_every"], kw["trust_step"], kw["reference"], objective)
     _check_plan(plan, plan_kwargs or {}, objective)
     if num_steps < 1 or lora_rank < 0 or (k_chunk is not None and k_chunk < 1):
-        raise UserError(f"pipeline.kwargs: num_steps ({num_steps}) must be >= 1, lora_rank ({lora_rank}) >= 0 "
-                        f"(0 = full fine-tuning) and k_chunk ({k_chunk}) null or >= 1")
+        raise UserError(
+            f"pipeline.kwargs: num_steps ({num_steps}) must be >= 1, lora_rank ({lora_rank}) >= 0 "
+            f"(0 = full fine-tuning) and k_chunk ({k_chunk}) null or >= 1"
+        )
     _dry_run_plan(plan, plan_kwargs or {}, num_steps=num_steps, sde=sde, same_noise=same_noise_per_group)
     if objective not in OBJECTIVES or not 1 <= nft_steps <= num_steps:
-        raise UserError(f"pipeline.kwargs: objective ({objective!r}) must be {' or '.join(OBJECTIVES.names())} "
-                        f"(pipelines/flow/objectives.py OBJECTIVES; grpo: SDE log-prob ratios, algo.loss clipped; nft: "
-                        f"DiffusionNFT, algo.loss nft), and nft_steps ({nft_steps}) in 1..num_steps ({num_steps})")
+        raise UserError(
+            f"pipeline.kwargs: objective ({objective!r}) must be {' or '.join(OBJECTIVES.names())} "
+            f"(pipelines/flow/objectives.py OBJECTIVES; grpo: SDE log-prob ratios, algo.loss clipped; nft: "
+            f"DiffusionNFT, algo.loss nft), and nft_steps ({nft_steps}) in 1..num_steps ({num_steps})"
+        )
     _check_guard(objective, ratio_norm, step_weights)
     if torch_dtype is not None and torch_dtype not in TORCH_DTYPES:
         raise UserError(f"pipeline.kwargs.torch_dtype ({torch_dtype!r}) must be one of {sorted(TORCH_DTYPES)} or null")
     if attention not in ATTENTION:
         raise UserError(f"pipeline.kwargs.attention ({attention!r}) must be one of {', '.join(ATTENTION)}")
     if not isinstance(kw["prompt_cache_items"], int) or kw["prompt_cache_items"] < 0:
-        raise UserError(f"pipeline.kwargs.prompt_cache_items ({kw['prompt_cache_items']!r}) must be an integer >= 0 "
-                        f"(prompts whose text-encoder outputs are kept; 0 re-encodes every batch)")
+        raise UserError(
+            f"pipeline.kwargs.prompt_cache_items ({kw['prompt_cache_items']!r}) must be an integer >= 0 "
+            f"(prompts whose text-encoder outputs are kept; 0 re-encodes every batch)"
+        )
 
 
 STEP_WEIGHTS = ("none", "guard", "guard_normalized", "noise_aware", "grad_equalizer")
@@ -165,12 +176,16 @@ STEP_WEIGHTS = ("none", "guard", "guard_normalized", "noise_aware", "grad_equali
 def _check_guard(objective: str, ratio_norm: bool, step_weights: str) -> None:
     """ratio_norm / step_weights feed the guard_clipped loss (GRPO-Guard, TempFlow-GRPO): SDE objective only."""
     if step_weights not in STEP_WEIGHTS:
-        raise UserError(f"pipeline.kwargs.step_weights ({step_weights!r}) must be one of {', '.join(STEP_WEIGHTS)}; "
-                        f"guard = GRPO-Guard's 1/|dt|, noise_aware = TempFlow-GRPO's std_t / mean std, "
-                        f"grad_equalizer = SAGE-GRPO's equal gradient norm per step")
+        raise UserError(
+            f"pipeline.kwargs.step_weights ({step_weights!r}) must be one of {', '.join(STEP_WEIGHTS)}; "
+            f"guard = GRPO-Guard's 1/|dt|, noise_aware = TempFlow-GRPO's std_t / mean std, "
+            f"grad_equalizer = SAGE-GRPO's equal gradient norm per step"
+        )
     if objective == "nft" and (ratio_norm or step_weights != "none"):
-        raise UserError(f"pipeline.kwargs: ratio_norm ({ratio_norm}) and step_weights ({step_weights!r}) need "
-                        f"objective grpo with algo.loss guard_clipped; DiffusionNFT has no ratio, unset them")
+        raise UserError(
+            f"pipeline.kwargs: ratio_norm ({ratio_norm}) and step_weights ({step_weights!r}) need "
+            f"objective grpo with algo.loss guard_clipped; DiffusionNFT has no ratio, unset them"
+        )
 
 
 def _check_plan(plan: str, plan_kwargs: dict, objective: str) -> None:
@@ -178,18 +193,26 @@ def _check_plan(plan: str, plan_kwargs: dict, objective: str) -> None:
     if plan not in plans.SCHEDULES:
         raise UserError(f"pipeline.kwargs.plan: {plans.SCHEDULES.unknown_message(plan)}")
     try:
-        plans.SCHEDULES.check_kwargs(plan, plan_kwargs, field="pipeline.kwargs.plan_kwargs",
-                                     skip=("num_steps", "group_size", "sde", "iteration", "same_noise", "seeds"))
+        plans.SCHEDULES.check_kwargs(
+            plan,
+            plan_kwargs,
+            field="pipeline.kwargs.plan_kwargs",
+            skip=("num_steps", "group_size", "sde", "iteration", "same_noise", "seeds"),
+        )
     except ValueError as err:
         raise UserError(str(err)) from None
     credit = plan_kwargs.get("edge_credit", "once")
     if credit not in plans.EDGE_CREDIT:
-        raise UserError(f"pipeline.kwargs.plan_kwargs.edge_credit ({credit!r}) must be once (each shared tree edge "
-                        f"trained once, BranchGRPO) or per_leaf (once per leaf below it)")
+        raise UserError(
+            f"pipeline.kwargs.plan_kwargs.edge_credit ({credit!r}) must be once (each shared tree edge "
+            f"trained once, BranchGRPO) or per_leaf (once per leaf below it)"
+        )
     grans = plan_kwargs.get("granularities")
     if objective == "nft" and isinstance(grans, list | tuple) and len(grans) > 1:
-        raise UserError(f"pipeline.kwargs.plan_kwargs.granularities ({grans}) credit a singular SDE step with its "
-                        f"completions' rewards; objective nft trains no SDE step, drop granularities or use grpo")
+        raise UserError(
+            f"pipeline.kwargs.plan_kwargs.granularities ({grans}) credit a singular SDE step with its "
+            f"completions' rewards; objective nft trains no SDE step, drop granularities or use grpo"
+        )
 
 
 def _dry_run_plan(plan: str, plan_kwargs: dict, *, num_steps: int, sde: str, same_noise: bool) -> None:
@@ -204,23 +227,30 @@ def _dry_run_plan(plan: str, plan_kwargs: dict, *, num_steps: int, sde: str, sam
     else:
         group = 1
     try:
-        built, _ = plans.make_plan(plan, num_steps=num_steps, group_size=group, sde=sde, iteration=0,
-                                   same_noise=same_noise, seeds=[0], **kw)
+        built, _ = plans.make_plan(
+            plan, num_steps=num_steps, group_size=group, sde=sde, iteration=0, same_noise=same_noise, seeds=[0], **kw
+        )
         built.check()  # branch points inside the schedule, SDE where a group splits
     except (ValueError, TypeError) as err:
-        raise UserError(f"pipeline.kwargs.plan_kwargs ({plan_kwargs}) for plan {plan!r} with num_steps={num_steps}: "
-                        f"{' '.join(str(err).split())}") from None
+        raise UserError(
+            f"pipeline.kwargs.plan_kwargs ({plan_kwargs}) for plan {plan!r} with num_steps={num_steps}: "
+            f"{' '.join(str(err).split())}"
+        ) from None
 
 
 def _check_ddim(sde: str, model_type: str | None, objective: str, step_weights: str) -> None:
     """sde ddim steps on alpha_bar, not a flow sigma: no flow-only objective or sigma-based step weights with it."""
     if model_type is not None and (sde == "ddim") != (model_type in EPS_TYPES):
-        raise UserError(f"pipeline.kwargs.sde ({sde!r}) does not fit model_type {model_type!r}: epsilon-prediction "
-                        f"UNets ({', '.join(EPS_TYPES)}) take sde ddim, flow models flow_grpo, dance or cps")
+        raise UserError(
+            f"pipeline.kwargs.sde ({sde!r}) does not fit model_type {model_type!r}: epsilon-prediction "
+            f"UNets ({', '.join(EPS_TYPES)}) take sde ddim, flow models flow_grpo, dance or cps"
+        )
     if sde == "ddim" and (objective != "grpo" or step_weights not in ("none", "noise_aware", "grad_equalizer")):
-        raise UserError(f"pipeline.kwargs: sde ddim trains with objective grpo and step_weights none or noise_aware, "
-                        f"got objective {objective!r}, step_weights {step_weights!r} (DiffusionNFT and GRPO-Guard's "
-                        f"1/|dt| assume a flow-matching sigma)")
+        raise UserError(
+            f"pipeline.kwargs: sde ddim trains with objective grpo and step_weights none or noise_aware, "
+            f"got objective {objective!r}, step_weights {step_weights!r} (DiffusionNFT and GRPO-Guard's "
+            f"1/|dt| assume a flow-matching sigma)"
+        )
 
 
 def _check_value_anchor(value_anchor, plan_kwargs: dict, objective: str) -> None:
@@ -230,26 +260,40 @@ def _check_value_anchor(value_anchor, plan_kwargs: dict, objective: str) -> None
 
     bad = sorted(set(value_anchor) - set(ANCHOR_KEYS)) if isinstance(value_anchor, dict) else None
     if bad is None or bad:
-        raise UserError(f"pipeline.kwargs.value_anchor ({value_anchor!r}) must be a mapping with keys from "
-                        f"{', '.join(ANCHOR_KEYS)}, e.g. {{anchor: 0.5, scale: 0.1}}; unknown: {bad}")
+        raise UserError(
+            f"pipeline.kwargs.value_anchor ({value_anchor!r}) must be a mapping with keys from "
+            f"{', '.join(ANCHOR_KEYS)}, e.g. {{anchor: 0.5, scale: 0.1}}; unknown: {bad}"
+        )
     try:
         _check_anchor(**{"anchor": 0.0, "scale": 0.1, "alpha": None, **value_anchor})
     except (TypeError, ValueError) as err:
         raise UserError(f"pipeline.kwargs.value_anchor ({value_anchor}): {err}") from None
     grans = plan_kwargs.get("granularities")
     if objective != "grpo" or (isinstance(grans, list | tuple) and len(grans) > 1):
-        raise UserError(f"pipeline.kwargs.value_anchor (VGPO per-step credit) needs objective grpo and no "
-                        f"plan_kwargs.granularities (got objective {objective!r}, granularities {grans}); unset one")
+        raise UserError(
+            f"pipeline.kwargs.value_anchor (VGPO per-step credit) needs objective grpo and no "
+            f"plan_kwargs.granularities (got objective {objective!r}, granularities {grans}); unset one"
+        )
 
 
 def _check_trust(anchor_every, trust_step, reference, objective: str) -> None:
     """SAGE-GRPO's dual trust region (trust.py) moves or adds to the KL reference: it needs one and an SDE objective."""
-    ok = isinstance(anchor_every, int) and not isinstance(anchor_every, bool) and anchor_every >= 0 and \
-        isinstance(trust_step, int | float) and not isinstance(trust_step, bool) and trust_step >= 0
+    ok = (
+        isinstance(anchor_every, int)
+        and not isinstance(anchor_every, bool)
+        and anchor_every >= 0
+        and isinstance(trust_step, int | float)
+        and not isinstance(trust_step, bool)
+        and trust_step >= 0
+    )
     if not ok:
-        raise UserError(f"pipeline.kwargs: anchor_every ({anchor_every!r}) must be an integer >= 0 (0 = a fixed "
-                        f"reference) and trust_step ({trust_step!r}) a number >= 0 (0 = no per-update KL)")
+        raise UserError(
+            f"pipeline.kwargs: anchor_every ({anchor_every!r}) must be an integer >= 0 (0 = a fixed "
+            f"reference) and trust_step ({trust_step!r}) a number >= 0 (0 = no per-update KL)"
+        )
     if (anchor_every or trust_step) and (reference is False or objective != "grpo"):
-        raise UserError(f"pipeline.kwargs: anchor_every ({anchor_every}) / trust_step ({trust_step}) shape the KL to "
-                        f"the reference, which needs reference: true and objective grpo (got reference {reference}, "
-                        f"objective {objective!r}); set them to 0 or turn the reference on, with algo.kl_coef > 0")
+        raise UserError(
+            f"pipeline.kwargs: anchor_every ({anchor_every}) / trust_step ({trust_step}) shape the KL to "
+            f"the reference, which needs reference: true and objective grpo (got reference {reference}, "
+            f"objective {objective!r}); set them to 0 or turn the reference on, with algo.kl_coef > 0"
+        )

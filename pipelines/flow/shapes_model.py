@@ -36,11 +36,13 @@ class ShapesT2IPipeline:
         from transformers import AutoTokenizer, CLIPTextModelWithProjection
 
         root = Path(path).expanduser()
-        return cls(transformer=SD3Transformer2DModel.from_pretrained(root / "transformer", torch_dtype=dtype),
-                   text_encoder=CLIPTextModelWithProjection.from_pretrained(root / "text_encoder", dtype=dtype),
-                   tokenizer=AutoTokenizer.from_pretrained(root / "tokenizer"),
-                   scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(root / "scheduler"),
-                   config=json.loads((root / MODEL_FILE).read_text()))
+        return cls(
+            transformer=SD3Transformer2DModel.from_pretrained(root / "transformer", torch_dtype=dtype),
+            text_encoder=CLIPTextModelWithProjection.from_pretrained(root / "text_encoder", dtype=dtype),
+            tokenizer=AutoTokenizer.from_pretrained(root / "tokenizer"),
+            scheduler=FlowMatchEulerDiscreteScheduler.from_pretrained(root / "scheduler"),
+            config=json.loads((root / MODEL_FILE).read_text()),
+        )
 
     def to(self, device: torch.device) -> "ShapesT2IPipeline":
         self.transformer.to(device)
@@ -53,16 +55,19 @@ class ShapesModel(SD3Model):
 
     def _encode(self, prompts: list[str]) -> dict[str, Tensor]:
         tok, enc = self.pipe.tokenizer, self.pipe.text_encoder
-        ids = tok(list(prompts), padding="max_length", max_length=tok.model_max_length, truncation=True,
-                  return_tensors="pt").input_ids.to(self.device)
+        ids = tok(
+            list(prompts), padding="max_length", max_length=tok.model_max_length, truncation=True, return_tensors="pt"
+        ).input_ids.to(self.device)
         out = enc(input_ids=ids)
         return {"embeds": out.last_hidden_state.to(self.dtype), "pooled": out.text_embeds.to(self.dtype)}
 
     def latent_shape(self) -> tuple[int, ...]:
         res = int(self.pipe.config["resolution"])
         if (self.height, self.width) != (res, res):
-            raise ValueError(f"pipeline.kwargs.resolution ({self.height}) must be {res} for this pixel-space model "
-                             f"(it has no VAE to change the size)")
+            raise ValueError(
+                f"pipeline.kwargs.resolution ({self.height}) must be {res} for this pixel-space model "
+                f"(it has no VAE to change the size)"
+            )
         return (self.pipe.transformer.config.in_channels, res, res)
 
     @torch.no_grad()

@@ -235,4 +235,3 @@ if __name__ == "__main__":
     if len(sys.argv) != 3:
         raise SystemExit(f"usage: python -m pipelines.flow.tiny {{{'|'.join(MODEL_TYPES)}}} OUT_DIR")
     print(save_tiny(sys.argv[1], sys.argv[2]))
-

@@ -20,8 +20,9 @@ def depth_of_steps(plan) -> Tensor:
     return splits.cumsum(0)
 
 
-def node_rewards(plan, rewards: Tensor, *, fusion: str = "mean", leaf_logp: Tensor | None = None,
-                 alpha: float = 1.0) -> list[Tensor]:
+def node_rewards(
+    plan, rewards: Tensor, *, fusion: str = "mean", leaf_logp: Tensor | None = None, alpha: float = 1.0
+) -> list[Tensor]:
     """Rewards fused up the tree: entry d is [B, nodes at depth d] (BranchGRPO, arXiv:2509.06040).
 
     mean: a node's reward is the mean of its leaves. prob: bottom-up, r(node) = softmax(alpha * logp(child)) . r(child),
@@ -38,8 +39,10 @@ def node_rewards(plan, rewards: Tensor, *, fusion: str = "mean", leaf_logp: Tens
     if fusion != "prob":
         raise ValueError(f"fusion={fusion!r} must be mean or prob")
     if leaf_logp is None or leaf_logp.shape[:2] != (b, g):
-        raise ValueError(f"fusion=prob needs leaf_logp [B={b}, G={g}, T], got "
-                         f"{None if leaf_logp is None else tuple(leaf_logp.shape)}")
+        raise ValueError(
+            f"fusion=prob needs leaf_logp [B={b}, G={g}, T], got "
+            f"{None if leaf_logp is None else tuple(leaf_logp.shape)}"
+        )
     out = [rewards.view(b, w, g // w).mean(-1) for w in widths]
     for d in range(len(widths) - 1, 0, -1):
         t, f = split_steps[d - 1], plan.branches[split_steps[d - 1]]
@@ -58,8 +61,16 @@ def normalise_over(r: Tensor, dim: int, eps: float = 1e-8) -> Tensor:
     return torch.where(std < 1e-6, 0.0, (r - r.mean(dim, keepdim=True)) / (std + eps))
 
 
-def depth_advantages(plan, rewards: Tensor, steps: Tensor, *, fusion: str = "mean",
-                     leaf_logp: Tensor | None = None, alpha: float = 1.0, eps: float = 1e-8) -> Tensor:
+def depth_advantages(
+    plan,
+    rewards: Tensor,
+    steps: Tensor,
+    *,
+    fusion: str = "mean",
+    leaf_logp: Tensor | None = None,
+    alpha: float = 1.0,
+    eps: float = 1e-8,
+) -> Tensor:
     """Per-transition advantages [N, K]: each node's fused reward normalised against the nodes of its depth.
 
     A = (r_node - mean_depth) / (std_depth + eps) with the unbiased std; 0 where a depth has one node or std < 1e-6.
@@ -94,8 +105,9 @@ def check_width(plan) -> None:
     if mode is None:
         return
     if mode not in WIDTH_PRUNE:
-        raise ValueError(f"plan width_prune={mode!r} is not a width pruning rule; choose {', '.join(WIDTH_PRUNE)} "
-                         f"or leave it unset")
+        raise ValueError(
+            f"plan width_prune={mode!r} is not a width pruning rule; choose {', '.join(WIDTH_PRUNE)} or leave it unset"
+        )
     is_count = isinstance(keep, int) and not isinstance(keep, bool)
     if not ((is_count and keep >= 1) or (isinstance(keep, float) and 0 < keep < 1)):
         raise ValueError(f"plan width_keep={keep!r} must be a count >= 1 or a fraction in (0, 1)")
@@ -131,7 +143,7 @@ def width_keep_leaves(plan, rewards: Tensor) -> Tensor:
         k = min(g, _keep_count(plan.width_keep, g / 2))
         r = rewards  # [B, G]
         asc = torch.sort(r, dim=1, stable=True).indices  # [B, G] worst first
-        order = torch.cat([asc[:, :k], asc[:, g - k:]], 1)  # [B, 2k] (overlaps when 2k > G)
+        order = torch.cat([asc[:, :k], asc[:, g - k :]], 1)  # [B, 2k] (overlaps when 2k > G)
     keep = torch.zeros(r.shape, dtype=torch.bool).scatter_(1, order, True)
     return keep.view(b, g)
 
@@ -176,8 +188,9 @@ def credit_edges_once(plan, steps: Tensor, mask: Tensor, group_size: int) -> Ten
     if pos.numel():
         key = edge_keys(plan, steps.cpu(), group_size).flatten()[pos]  # [E]
         _, inv = torch.unique(key, return_inverse=True)  # [E] edge id of each element
-        first = torch.full((int(inv.max()) + 1,), pos.numel()).scatter_reduce(0, inv, torch.arange(pos.numel()),
-                                                                              "amin")  # [U]
+        first = torch.full((int(inv.max()) + 1,), pos.numel()).scatter_reduce(
+            0, inv, torch.arange(pos.numel()), "amin"
+        )  # [U]
         out[pos[first]] = True
     return out.view(m.shape).to(mask.device)
 

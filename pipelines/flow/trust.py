@@ -42,7 +42,9 @@ class MovingAnchor:
         if self.every <= 0 or self.PREFIX + "at" not in state:
             return
         self.at = int(state[self.PREFIX + "at"])
-        lora = {k.removeprefix(self.PREFIX + "lora."): v for k, v in state.items() if k.startswith(self.PREFIX + "lora.")}
+        lora = {
+            k.removeprefix(self.PREFIX + "lora."): v for k, v in state.items() if k.startswith(self.PREFIX + "lora.")
+        }
         ref = {k.removeprefix(self.PREFIX + "ref."): v for k, v in state.items() if k.startswith(self.PREFIX + "ref.")}
         self.moved = bool(lora or ref)
         self.state = {n: v.clone() for n, v in lora.items()} or None
@@ -63,7 +65,9 @@ class MovingAnchor:
         self.at, self.moved = iteration, True
         with torch.no_grad():
             if policy.lora:
-                self.state = {n: p.detach().clone() for n, p in policy.transformer.named_parameters() if p.requires_grad}
+                self.state = {
+                    n: p.detach().clone() for n, p in policy.transformer.named_parameters() if p.requires_grad
+                }
             else:
                 policy.ref.load_state_dict(policy.transformer.state_dict())
         return True

@@ -28,8 +28,10 @@ def ddim_schedule(scheduler_config: dict, num_steps: int) -> tuple[Tensor, Tenso
     # the ddim step has no x0 clipping or thresholding: latent models use neither (SD 1.5 ships clip_sample false)
     sched = DDIMScheduler.from_config({**scheduler_config, "clip_sample": False, "thresholding": False})
     if sched.config.prediction_type != "epsilon":
-        raise ValueError(f"prediction_type={sched.config.prediction_type!r}: the ddim step scores epsilon-prediction "
-                         f"models (SD 1.x, SDXL base); v-prediction checkpoints (SD 2.x 768) are not supported")
+        raise ValueError(
+            f"prediction_type={sched.config.prediction_type!r}: the ddim step scores epsilon-prediction "
+            f"models (SD 1.x, SDXL base); v-prediction checkpoints (SD 2.x 768) are not supported"
+        )
     sched.set_timesteps(num_steps)
     ts = sched.timesteps.long()  # [T]
     acp = sched.alphas_cumprod.float()  # [T_train]
@@ -63,8 +65,10 @@ class UNetModel(FlowModel):
         f = getattr(self.pipe, "vae_scale_factor", 8)
         down = 2 ** (len(self.pipe.unet.config.block_out_channels) - 1)
         if self.height % (f * down) or self.width % (f * down):
-            raise ValueError(f"resolution {self.height}x{self.width} must be a multiple of {f * down} for this UNet "
-                             f"(VAE factor {f} times {down} UNet downsamplings)")
+            raise ValueError(
+                f"resolution {self.height}x{self.width} must be a multiple of {f * down} for this UNet "
+                f"(VAE factor {f} times {down} UNet downsamplings)"
+            )
         return (self.pipe.unet.config.in_channels, self.height // f, self.width // f)
 
     def _decode_latents(self, x):
@@ -90,22 +94,29 @@ class SDXLModel(UNetModel):
     def _encode(self, prompts):
         emb, _, pooled, _ = self.pipe.encode_prompt(prompts, device=self.device, do_classifier_free_guidance=False)
         ids = torch.tensor([[self.height, self.width, 0, 0, self.height, self.width]], dtype=self.dtype)
-        return {"embeds": emb.to(self.dtype), "pooled": pooled.to(self.dtype),
-                "time_ids": ids.to(self.device).expand(len(prompts), 6)}
+        return {
+            "embeds": emb.to(self.dtype),
+            "pooled": pooled.to(self.dtype),
+            "time_ids": ids.to(self.device).expand(len(prompts), 6),
+        }
 
     def encode(self, prompts):
         """As FlowModel.encode; the empty negative prompt is zeros when the pipeline says so (SDXL's
         force_zeros_for_empty_prompt, what StableDiffusionXLPipeline.__call__ does)."""
-        if self.cfg and self.negative is None and not self.negative_prompt and \
-                self.pipe.config.get("force_zeros_for_empty_prompt", False):
-            self.negative = {k: torch.zeros_like(v) if k != "time_ids" else v
-                             for k, v in self._encode([""]).items()}
+        if (
+            self.cfg
+            and self.negative is None
+            and not self.negative_prompt
+            and self.pipe.config.get("force_zeros_for_empty_prompt", False)
+        ):
+            self.negative = {k: torch.zeros_like(v) if k != "time_ids" else v for k, v in self._encode([""]).items()}
         return super().encode(prompts)
 
     def forward(self, transformer, x, sigma, cond):
         added = {"text_embeds": cond["pooled"], "time_ids": cond["time_ids"]}
-        return transformer(x, self.timestep(sigma), encoder_hidden_states=cond["embeds"], added_cond_kwargs=added,
-                           return_dict=False)[0]
+        return transformer(
+            x, self.timestep(sigma), encoder_hidden_states=cond["embeds"], added_cond_kwargs=added, return_dict=False
+        )[0]
 
 
 ADAPTERS = {"sd": SDModel, "sdxl": SDXLModel}

@@ -13,8 +13,9 @@ ANCHOR_KEYS = ("anchor", "scale", "alpha")
 """pipeline.kwargs.value_anchor keys: value_anchored's keywords"""
 
 
-def step_values(plan, rewards: Tensor, steps: Tensor, *, fusion: str = "mean", leaf_logp: Tensor | None = None,
-                alpha: float = 1.0) -> tuple[Tensor, Tensor]:
+def step_values(
+    plan, rewards: Tensor, steps: Tensor, *, fusion: str = "mean", leaf_logp: Tensor | None = None, alpha: float = 1.0
+) -> tuple[Tensor, Tensor]:
     """Monte-Carlo values of each trained transition's state before (v) and after (q) it: ([N, K], [N, K]).
 
     Paper: VGPO arXiv:2512.12387 ("expected cumulative reward at each generative stage"). Estimator (our choice, the
@@ -53,9 +54,18 @@ def step_values(plan, rewards: Tensor, steps: Tensor, *, fusion: str = "mean", l
     return value_at(depth + 1), value_at(depth)
 
 
-def vgpo_step_advantages(plan, rewards: Tensor, steps: Tensor, *, anchor: float = 0.0, scale: float = 0.1,
-                         alpha: float | None = None, fusion: str = "mean", leaf_logp: Tensor | None = None,
-                         fusion_alpha: float = 1.0) -> Tensor:
+def vgpo_step_advantages(
+    plan,
+    rewards: Tensor,
+    steps: Tensor,
+    *,
+    anchor: float = 0.0,
+    scale: float = 0.1,
+    alpha: float | None = None,
+    fusion: str = "mean",
+    leaf_logp: Tensor | None = None,
+    fusion_alpha: float = 1.0,
+) -> Tensor:
     """VGPO per-step advantages [N, K]: value_anchored(q, v, sigma_b) with the tree values of `step_values`.
 
     Paper: VGPO arXiv:2512.12387. Formula: A_{n,k} = (q - (1 - a_w) v - a_w anchor) / sqrt(sigma_b^2 + s^2),
