@@ -25,16 +25,34 @@ def val_spec(tree: dict) -> str:
     return ":".join(["shapes", "val", *parts[2:]])
 
 
-def make_run(out_dir: Path, base: dict, *, plan: str | None, plan_kwargs: dict | None, setting: dict, seed: int,
-             pipeline_kwargs: dict | None = None):
+def make_run(
+    out_dir: Path,
+    base: dict,
+    *,
+    plan: str | None,
+    plan_kwargs: dict | None,
+    setting: dict,
+    seed: int,
+    pipeline_kwargs: dict | None = None,
+):
     """A `mmgrpo.setup.Run` of the recipe `base` (no progress bar, report or checkpoints): one arm of a benchmark.
 
     Changed from the recipe: the plan (None keeps the recipe's), prompts per iteration, k_chunk (the same in every
     arm, so no arm pays for a bigger backward than another), run.seed and any `pipeline_kwargs` (e.g. same-noise
     groups for the MixGRPO arm, as MixGRPO's recipe has them)."""
     tree = copy.deepcopy(base)
-    tree["run"].update({"output_dir": str(out_dir), "seed": seed, "checkpoint_every": 0, "gallery_every": 0,
-                        "resume": "never", "progress": False, "report": False, "log_every": 10**6})
+    tree["run"].update(
+        {
+            "output_dir": str(out_dir),
+            "seed": seed,
+            "checkpoint_every": 0,
+            "gallery_every": 0,
+            "resume": "never",
+            "progress": False,
+            "report": False,
+            "log_every": 10**6,
+        }
+    )
     kw = tree["pipeline"]["kwargs"]
     if plan is not None:
         kw.update({"plan": plan, "plan_kwargs": plan_kwargs})
@@ -67,8 +85,12 @@ class Counter:
 
     def take(self) -> dict[str, float]:
         """rollout_rows, train_rows, rollout_fwd_s, train_fwd_s since the last take; resets them."""
-        out = {"rollout_rows": self.rows["rollout"], "train_rows": self.rows["train"],
-               "rollout_fwd_s": self.secs["rollout"], "train_fwd_s": self.secs["train"]}
+        out = {
+            "rollout_rows": self.rows["rollout"],
+            "train_rows": self.rows["train"],
+            "rollout_fwd_s": self.secs["rollout"],
+            "train_fwd_s": self.secs["train"],
+        }
         self.rows = {"rollout": 0, "train": 0}
         self.secs = {"rollout": 0.0, "train": 0.0}
         return out
@@ -90,9 +112,14 @@ class Arm:
         self.step += 1
         self.spent += roll_s + upd_s
         self.plan = self.run.policy.last_plan
-        return {"seconds": roll_s + upd_s, "rollout_s": roll_s, "update_s": upd_s,
-                "reward_s": batch.seconds.get("reward", 0.0), "trained": int(batch.rollout.mask.sum()),
-                **self.counter.take()}
+        return {
+            "seconds": roll_s + upd_s,
+            "rollout_s": roll_s,
+            "update_s": upd_s,
+            "reward_s": batch.seconds.get("reward", 0.0),
+            "trained": int(batch.rollout.mask.sum()),
+            **self.counter.take(),
+        }
 
     def evaluate(self, evaluator: "Evaluator") -> dict[str, float]:
         acc = evaluator(self.run)
@@ -118,14 +145,13 @@ class Evaluator:
         scores = []
         try:
             for lo in range(0, len(self.records), self.chunk):
-                recs = self.records[lo: lo + self.chunk]
-                ro = pol.rollout(recs, self.per_prompt, self.seeds[lo: lo + self.chunk])
+                recs = self.records[lo : lo + self.chunk]
+                ro = pol.rollout(recs, self.per_prompt, self.seeds[lo : lo + self.chunk])
                 texts, fields = reward_fields(recs, self.per_prompt)
                 per_reward, _ = run.reward_set(ro.samples, texts, group_size=self.per_prompt, **fields)
                 scores.append(per_reward.double())  # [n_chunk, R]
         finally:
-            (pol.noise_level, pol.plan_name, pol.plan_kwargs, pol.same_noise, pol.iteration,
-             pol.last_plan) = saved
+            (pol.noise_level, pol.plan_name, pol.plan_kwargs, pol.same_noise, pol.iteration, pol.last_plan) = saved
         self.seconds.append(time.perf_counter() - t0)
         scores = torch.cat(scores)  # [n, R]
         out: dict[str, Any] = {name: float(scores[:, r].mean()) for r, name in enumerate(run.reward_set.names)}

@@ -45,11 +45,15 @@ STORE = REPO / "bench" / "sections" / "t2i_study.jsonl"
 DOC = REPO / "docs" / "t2i_study.md"
 TRAIN_SPLIT = "shapes:train:single_object,two_objects,counting,colors,color_attr"
 
-STRICT = ("[{name: shapes_geneval, label: partial, weight: 0.0, kwargs: {mode: partial}}, "
-          "{name: shapes_geneval, label: strict, weight: 1.0, kwargs: {mode: strict}}]")
+STRICT = (
+    "[{name: shapes_geneval, label: partial, weight: 0.0, kwargs: {mode: partial}}, "
+    "{name: shapes_geneval, label: strict, weight: 1.0, kwargs: {mode: strict}}]"
+)
 """Strict verifier credit as the reward (partial still logged): extra shapes earn nothing."""
-PENALTY = ("[{{name: shapes_geneval, label: partial, weight: 1.0, kwargs: {{mode: partial, extra_penalty: {p}}}}}, "
-           "{{name: shapes_geneval, label: strict, weight: 0.0, kwargs: {{mode: strict}}}}]")
+PENALTY = (
+    "[{{name: shapes_geneval, label: partial, weight: 1.0, kwargs: {{mode: partial, extra_penalty: {p}}}}}, "
+    "{{name: shapes_geneval, label: strict, weight: 0.0, kwargs: {{mode: strict}}}}]"
+)
 """Partial credit minus `p` per unrequested object (the verifier's `extra_penalty`): drawing extra shapes costs."""
 
 ARMS: dict[str, list[str]] = {
@@ -60,25 +64,50 @@ ARMS: dict[str, list[str]] = {
     "kl_0.01": ["pipeline.kwargs.reference=true", "algo.kl_coef=0.01"],
     "kl_0.1": ["pipeline.kwargs.reference=true", "algo.kl_coef=0.1"],
     "kl_1": ["pipeline.kwargs.reference=true", "algo.kl_coef=1.0"],
-    "grpo_guard": ["algo.loss=guard_clipped", "pipeline.kwargs.ratio_norm=true", "pipeline.kwargs.step_weights=guard",
-                   "algo.num_minibatches=2"],
-    "diffusionnft": ["pipeline.kwargs.objective=nft", "algo.loss=nft", "pipeline.kwargs.plan=independent",
-                     "pipeline.kwargs.plan_kwargs={}",
-                     "algo.loss_kwargs={beta: 1.0, weighting: adaptive, adv_clip_max: 5.0}"],
-    "tree_pruned": ["pipeline.kwargs.plan=tree", "pipeline.kwargs.plan_kwargs={split_steps: [0, 1, 2], prune_depths: [0], width_prune: extremes}"],
-    "pref_winrate": [("rewards=[{name: pairwise, label: winrate, weight: 1.0, kwargs: {base: shapes_geneval, "
-                      "base_kwargs: {mode: partial}}}, {name: shapes_geneval, label: strict, weight: 0.0, "
-                      "kwargs: {mode: strict}}]")],
+    "grpo_guard": [
+        "algo.loss=guard_clipped",
+        "pipeline.kwargs.ratio_norm=true",
+        "pipeline.kwargs.step_weights=guard",
+        "algo.num_minibatches=2",
+    ],
+    "diffusionnft": [
+        "pipeline.kwargs.objective=nft",
+        "algo.loss=nft",
+        "pipeline.kwargs.plan=independent",
+        "pipeline.kwargs.plan_kwargs={}",
+        "algo.loss_kwargs={beta: 1.0, weighting: adaptive, adv_clip_max: 5.0}",
+    ],
+    "tree_pruned": [
+        "pipeline.kwargs.plan=tree",
+        "pipeline.kwargs.plan_kwargs={split_steps: [0, 1, 2], prune_depths: [0], width_prune: extremes}",
+    ],
+    "pref_winrate": [
+        (
+            "rewards=[{name: pairwise, label: winrate, weight: 1.0, kwargs: {base: shapes_geneval, "
+            "base_kwargs: {mode: partial}}}, {name: shapes_geneval, label: strict, weight: 0.0, "
+            "kwargs: {mode: strict}}]"
+        )
+    ],
     "group_16": ["sample.group_size=16", "sample.batch_size=128"],
     "sde_steps_2": ["pipeline.kwargs.plan_kwargs={sde_steps: 2, branch_range: [0, 2]}"],
     "strict_reward": ["rewards=" + STRICT],
     "const_strict": ["optim.schedule=constant", "rewards=" + STRICT],
-    "vgpo": ["pipeline.kwargs.plan=tree", ("pipeline.kwargs.plan_kwargs={roots: 2, split_steps: [0, 2], fanout: 2, "
-                                          "prune_depths: [2]}"), "pipeline.kwargs.value_anchor={anchor: 0.67, scale: 0.1}", "algo.advantage=vgpo",
-             "algo.advantage_kwargs={anchor: 0.67, scale: 0.1}"],
-    "sage": ["pipeline.kwargs.sde=sage", "pipeline.kwargs.reference=true", "pipeline.kwargs.anchor_every=24",
-             "pipeline.kwargs.trust_step=1.0", "algo.kl_coef=0.04", "pipeline.kwargs.step_weights=grad_equalizer",
-             "algo.loss=weighted_clipped"],
+    "vgpo": [
+        "pipeline.kwargs.plan=tree",
+        ("pipeline.kwargs.plan_kwargs={roots: 2, split_steps: [0, 2], fanout: 2, prune_depths: [2]}"),
+        "pipeline.kwargs.value_anchor={anchor: 0.67, scale: 0.1}",
+        "algo.advantage=vgpo",
+        "algo.advantage_kwargs={anchor: 0.67, scale: 0.1}",
+    ],
+    "sage": [
+        "pipeline.kwargs.sde=sage",
+        "pipeline.kwargs.reference=true",
+        "pipeline.kwargs.anchor_every=24",
+        "pipeline.kwargs.trust_step=1.0",
+        "algo.kl_coef=0.04",
+        "pipeline.kwargs.step_weights=grad_equalizer",
+        "algo.loss=weighted_clipped",
+    ],
     "ema_0.9": ["optim.ema_decay=0.9"],
     "penalty_ema": ["optim.ema_decay=0.9", "rewards=" + PENALTY.format(p=0.15)],
     "penalty_0.15": ["rewards=" + PENALTY.format(p=0.15)],
@@ -98,11 +127,33 @@ def horizon_bound(cfg) -> bool:
 
 def train(run_dir: Path, overrides: list[str], steps: int, every: int, log: Path) -> float:
     """`mmgrpo train` in a niced one-thread subprocess; returns its wall seconds (raises if it failed)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               PYTHONPATH=str(REPO))
-    cmd = ["nice", "-n", "10", sys.executable, "-m", "mmgrpo.cli", "train", str(RECIPE), *overrides,
-           f"run.output_dir={run_dir}", f"run.steps={steps}", f"run.checkpoint_every={every}", "run.keep_last=100",
-           "run.resume=auto", "run.progress=false", "run.report=false", "run.gallery_every=0"]
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONPATH=str(REPO),
+    )
+    cmd = [
+        "nice",
+        "-n",
+        "10",
+        sys.executable,
+        "-m",
+        "mmgrpo.cli",
+        "train",
+        str(RECIPE),
+        *overrides,
+        f"run.output_dir={run_dir}",
+        f"run.steps={steps}",
+        f"run.checkpoint_every={every}",
+        "run.keep_last=100",
+        "run.resume=auto",
+        "run.progress=false",
+        "run.report=false",
+        "run.gallery_every=0",
+    ]
     t0 = time.perf_counter()
     with log.open("a") as fh:
         done = subprocess.run(cmd, check=False, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
@@ -124,12 +175,18 @@ def score(cfg, ckpt: Path | None, data: str, group_size: int) -> dict:
     records = shapes_prompts(data)
     rows: dict[str, dict[str, list[float]]] = {}
     for lo in range(0, len(records), 16):
-        chunk = records[lo: lo + 16]
-        ro = task.policy.rollout(chunk, group_size, [prompt_seed(cfg.run.seed, -1, 0, i)  # as mmgrpo.evaluate
-                                                     for i in range(len(chunk))])
+        chunk = records[lo : lo + 16]
+        ro = task.policy.rollout(
+            chunk,
+            group_size,
+            [
+                prompt_seed(cfg.run.seed, -1, 0, i)  # as mmgrpo.evaluate
+                for i in range(len(chunk))
+            ],
+        )
         images = torch.stack(list(ro.samples)).float()  # [n*G, 3, H, W] in [0, 1]
         for i, rec in enumerate(chunk):
-            group = images[i * group_size: (i + 1) * group_size]  # [G, 3, H, W]
+            group = images[i * group_size : (i + 1) * group_size]  # [G, 3, H, W]
             flat = group.flatten(1)  # [G, 3HW]
             dist = torch.cdist(flat, flat) / flat.shape[1] ** 0.5  # [G, G] RMS pixel distance
             div = float(dist.sum() / (group_size * (group_size - 1)))
@@ -154,14 +211,21 @@ def lora_norm(ckpt: Path | None) -> float:
         if "lora_A" in name and not name.startswith("anchor."):  # SAGE's moving anchor is saved beside the adapter
             b = w[name.replace("lora_A", "lora_B")]
             total += float((b.float() @ a.float()).pow(2).sum())
-    return total ** 0.5
+    return total**0.5
 
 
 def monitors(metrics: Path, lo: int, hi: int) -> dict:
     """Means of training-reward and ratio monitors over logged steps lo <= step < hi."""
-    keys = {"train_partial": "reward/partial/mean", "train_strict": "reward/strict/mean", "ratio_std": "ratio/std",
-            "clip_frac": "clip/upper_frac", "clip_lower": "clip/lower_frac", "kl": "kl/ref",
-            "zero_std": "adv/zero_std_frac", "step_s": "time/step"}
+    keys = {
+        "train_partial": "reward/partial/mean",
+        "train_strict": "reward/strict/mean",
+        "ratio_std": "ratio/std",
+        "clip_frac": "clip/upper_frac",
+        "clip_lower": "clip/lower_frac",
+        "kl": "kl/ref",
+        "zero_std": "adv/zero_std_frac",
+        "step_s": "time/step",
+    }
     sums = {k: [] for k in keys}
     for line in metrics.read_text().splitlines():
         row = json.loads(line)
@@ -182,13 +246,30 @@ def record(row: dict) -> None:
         fh.write(json.dumps(row) + "\n")
 
 
-def evaluate_point(arm: str, seed: int, mult: int, budget: int, ckpt: Path | None, overrides: list[str],
-                   metrics: Path | None, train_s: float, test_only: bool) -> None:
+def evaluate_point(
+    arm: str,
+    seed: int,
+    mult: int,
+    budget: int,
+    ckpt: Path | None,
+    overrides: list[str],
+    metrics: Path | None,
+    train_s: float,
+    test_only: bool,
+) -> None:
     cfg = load([*overrides, f"run.seed={seed}", *EVAL_OVERRIDES])
     t0 = time.perf_counter()
-    row = {"arm": arm, "seed": seed, "mult": mult, "steps": mult * budget, "budget": budget,
-           "overrides": overrides, "test": score(cfg, ckpt, cfg.pipeline.kwargs["eval_data"], 16),
-           "lora_norm": lora_norm(ckpt), "train_s": round(train_s, 1)}
+    row = {
+        "arm": arm,
+        "seed": seed,
+        "mult": mult,
+        "steps": mult * budget,
+        "budget": budget,
+        "overrides": overrides,
+        "test": score(cfg, ckpt, cfg.pipeline.kwargs["eval_data"], 16),
+        "lora_norm": lora_norm(ckpt),
+        "train_s": round(train_s, 1),
+    }
     if not test_only:
         row["train"] = score(cfg, ckpt, TRAIN_SPLIT, 2)
     if metrics is not None and metrics.is_file():
@@ -196,8 +277,11 @@ def evaluate_point(arm: str, seed: int, mult: int, budget: int, ckpt: Path | Non
     row["eval_s"] = round(time.perf_counter() - t0, 1)
     record(row)
     t = row["test"]["all"]
-    print(f"{arm} seed {seed} x{mult} ({mult * budget} steps): strict {t['strict']:.3f} partial {t['partial']:.3f} "
-          f"objects {t['objects']:.2f} diversity {t['diversity']:.3f} lora {row['lora_norm']:.2f}", flush=True)
+    print(
+        f"{arm} seed {seed} x{mult} ({mult * budget} steps): strict {t['strict']:.3f} partial {t['partial']:.3f} "
+        f"objects {t['objects']:.2f} diversity {t['diversity']:.3f} lora {row['lora_norm']:.2f}",
+        flush=True,
+    )
 
 
 def run_arm(arm: str, seed: int, mults: list[int], budget: int, out: Path, test_only: bool) -> None:
@@ -220,8 +304,9 @@ def run_arm(arm: str, seed: int, mults: list[int], budget: int, out: Path, test_
     secs = train(run_dir, overrides, max(todo) * budget, budget, log)
     for m in todo:
         ckpt = run_dir / "checkpoints" / f"step_{m * budget:08d}"
-        evaluate_point(arm, seed, m, budget, ckpt, overrides, run_dir / "metrics.jsonl", secs * m / max(todo),
-                       test_only)
+        evaluate_point(
+            arm, seed, m, budget, ckpt, overrides, run_dir / "metrics.jsonl", secs * m / max(todo), test_only
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

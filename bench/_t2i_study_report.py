@@ -25,8 +25,11 @@ def _group(rows: list[dict]) -> dict[tuple[str, int], dict[int, dict]]:
 
 def change(rows_at: dict[int, dict], base: dict[int, dict], cat: str, col: str) -> list[float]:
     """Points (x 100) gained over the same seed's base model, one per seed present at both."""
-    return [100 * (r["test"][cat][col] - base[s]["test"][cat][col]) for s, r in sorted(rows_at.items())
-            if s in base and cat in r["test"] and cat in base[s]["test"]]
+    return [
+        100 * (r["test"][cat][col] - base[s]["test"][cat][col])
+        for s, r in sorted(rows_at.items())
+        if s in base and cat in r["test"] and cat in base[s]["test"]
+    ]
 
 
 def _cell(deltas: list[float]) -> str:
@@ -40,8 +43,10 @@ def _cell(deltas: list[float]) -> str:
 def summary_table(rows: list[dict]) -> str:
     """One line per (arm, steps): seeds, held-out strict and partial (mean, change and seed range)."""
     g = _group(rows)
-    header = ("| arm | steps | seeds | strict | strict change [seed range] | partial change | worst category "
-              "(strict change) |")
+    header = (
+        "| arm | steps | seeds | strict | strict change [seed range] | partial change | worst category "
+        "(strict change) |"
+    )
     lines = [header, "|---|---|---|---|---|---|---|"]
     for arm, steps in sorted(k for k in g if k[1] > 0):
         at, base = g[(arm, steps)], g.get((arm, 0), {})
@@ -49,9 +54,11 @@ def summary_table(rows: list[dict]) -> str:
         cats = {c: _mean(change(at, base, c, "strict")) for c in CATS[1:] if change(at, base, c, "strict")}
         worst = min(cats, key=cats.get) if cats else None
         worst_txt = f"{worst} {cats[worst]:+.1f}" if worst else "-"
-        lines.append(f"| {arm} | {steps} | {','.join(map(str, sorted(at)))} | {strict:.3f} | "
-                     f"{_cell(change(at, base, 'all', 'strict'))} | {_cell(change(at, base, 'all', 'partial'))} | "
-                     f"{worst_txt} |")
+        lines.append(
+            f"| {arm} | {steps} | {','.join(map(str, sorted(at)))} | {strict:.3f} | "
+            f"{_cell(change(at, base, 'all', 'strict'))} | {_cell(change(at, base, 'all', 'partial'))} | "
+            f"{worst_txt} |"
+        )
     return "\n".join(lines)
 
 
@@ -71,8 +78,19 @@ def category_table(rows: list[dict], arm: str) -> str:
 def monitor_table(rows: list[dict]) -> str:
     """Why a run fades: training-prompt scores, objects per image, diversity, LoRA norm, training-reward monitors."""
     g = _group(rows)
-    head = ["arm", "steps", "test strict", "train-prompt strict", "objects/img", "diversity", "LoRA norm",
-            "rollout partial", "ratio std", "clip frac", "zero-std groups"]
+    head = [
+        "arm",
+        "steps",
+        "test strict",
+        "train-prompt strict",
+        "objects/img",
+        "diversity",
+        "LoRA norm",
+        "rollout partial",
+        "ratio std",
+        "clip frac",
+        "zero-std groups",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
 
     def avg(at, fn) -> str:
@@ -81,13 +99,26 @@ def monitor_table(rows: list[dict]) -> str:
 
     for arm, steps in sorted(g):
         at = g[(arm, steps)]
-        mon = lambda k: (lambda r: r.get("monitors", {}).get(k))
-        lines.append("| " + " | ".join([
-            arm, str(steps), avg(at, lambda r: r["test"]["all"]["strict"]),
-            avg(at, lambda r: r["train"]["all"]["strict"] if "train" in r else None),
-            avg(at, lambda r: r["test"]["all"]["objects"]), avg(at, lambda r: r["test"]["all"]["diversity"]),
-            avg(at, lambda r: r["lora_norm"]), avg(at, mon("train_partial")), avg(at, mon("ratio_std")),
-            avg(at, mon("clip_frac")), avg(at, mon("zero_std"))]) + " |")
+        mon = lambda k: lambda r: r.get("monitors", {}).get(k)
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    arm,
+                    str(steps),
+                    avg(at, lambda r: r["test"]["all"]["strict"]),
+                    avg(at, lambda r: r["train"]["all"]["strict"] if "train" in r else None),
+                    avg(at, lambda r: r["test"]["all"]["objects"]),
+                    avg(at, lambda r: r["test"]["all"]["diversity"]),
+                    avg(at, lambda r: r["lora_norm"]),
+                    avg(at, mon("train_partial")),
+                    avg(at, mon("ratio_std")),
+                    avg(at, mon("clip_frac")),
+                    avg(at, mon("zero_std")),
+                ]
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -95,12 +126,22 @@ def write_report(rows: list[dict], doc: Path) -> Path:
     """Replace the generated part of `doc` (below MARK) with the tables; the hand-written part above stays."""
     head = doc.read_text().split(MARK)[0] if doc.is_file() else "# ShapesWorld text-to-image study\n\n"
     arms = sorted({r["arm"] for r in rows})
-    body = ["## Held-out change per arm and length (test split, 20 prompts x 16 seeds, ODE)", "",
-            summary_table(rows), "", "## Held-out strict per category", ""]
+    body = [
+        "## Held-out change per arm and length (test split, 20 prompts x 16 seeds, ODE)",
+        "",
+        summary_table(rows),
+        "",
+        "## Held-out strict per category",
+        "",
+    ]
     for arm in arms:
         body += [category_table(rows, arm), ""]
-    body += ["## Monitors (means over seeds; rollout monitors over the last quarter-budget before the checkpoint)", "",
-             monitor_table(rows), ""]
+    body += [
+        "## Monitors (means over seeds; rollout monitors over the last quarter-budget before the checkpoint)",
+        "",
+        monitor_table(rows),
+        "",
+    ]
     doc.parent.mkdir(parents=True, exist_ok=True)
     doc.write_text(head.rstrip() + "\n\n" + MARK + "\n\n" + "\n".join(body))
     return doc

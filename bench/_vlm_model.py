@@ -22,6 +22,37 @@ IMAGE_SIDE = {256: 224, 512: 336, 1024: 448}  # 64, 144, 256 merged image tokens
 BENCH_VERSION = 1
 
 
+def _configs(vocab_size: int, ids: dict[str, int], hidden: int, layers: int) -> tuple[dict, dict]:
+    """The Qwen2-VL text and vision config dicts: text `hidden` wide and `layers` deep, vision 2 blocks of width 64."""
+    heads = max(1, hidden // 64)  # head_dim 64; M-RoPE sections (t, h, w) sum to head_dim / 2 = 32
+    text = {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden,
+        "intermediate_size": 3 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": max(1, heads // 2),
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "mrope_section": [8, 12, 12], "rope_theta": 1e4},
+        "bos_token_id": ids["<|endoftext|>"],
+        "eos_token_id": ids["<|im_end|>"],
+        "pad_token_id": ids["<|endoftext|>"],
+    }
+    vision = {
+        "depth": 2,
+        "embed_dim": 64,
+        "hidden_size": hidden,
+        "num_heads": 2,
+        "mlp_ratio": 2,
+        "patch_size": 14,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+        "in_channels": 3,
+    }
+    return text, vision
+
+
 def bench_vlm(hidden: int = 256, layers: int = 4) -> str:
     """A random Qwen2-VL `hidden` wide and `layers` deep with the tiny byte-level tokenizer (cached); returns its path.
 
@@ -40,18 +71,16 @@ def bench_vlm(hidden: int = 256, layers: int = 4) -> str:
     with tempfile.TemporaryDirectory() as src:
         tok = qwen_tokenizer(src)
     ids = {n: tok.convert_tokens_to_ids(n) for n in SPECIALS}
-    heads = max(1, hidden // 64)  # head_dim 64; M-RoPE sections (t, h, w) sum to head_dim / 2 = 32
-    text = {"vocab_size": len(tok), "hidden_size": hidden, "intermediate_size": 3 * hidden, "num_hidden_layers": layers,
-            "num_attention_heads": heads, "num_key_value_heads": max(1, heads // 2), "max_position_embeddings": 8192,
-            "tie_word_embeddings": False,
-            "rope_parameters": {"rope_type": "default", "mrope_section": [8, 12, 12], "rope_theta": 1e4},
-            "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"],
-            "pad_token_id": ids["<|endoftext|>"]}
-    vision = {"depth": 2, "embed_dim": 64, "hidden_size": hidden, "num_heads": 2, "mlp_ratio": 2, "patch_size": 14,
-              "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3}
-    cfg = Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False,
-                        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-                        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+    text, vision = _configs(len(tok), ids, hidden, layers)
+    cfg = Qwen2VLConfig(
+        text_config=text,
+        vision_config=vision,
+        tie_word_embeddings=False,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         model = AutoModelForImageTextToText.from_config(cfg)
@@ -63,7 +92,6 @@ def bench_vlm(hidden: int = 256, layers: int = 4) -> str:
     try:
         os.rename(tmp, path)
     except OSError:  # another process built it first
-
         shutil.rmtree(tmp, ignore_errors=True)
     return str(path)
 
@@ -111,8 +139,16 @@ class Case:
 
     def logp(self, shared: bool, attention: str = "auto") -> torch.Tensor:
         """Log-probs [G, K]; `attention` is completion_logp's prefix_attention (auto: grouped here)."""
-        lp, _ = completion_logp(self.model.model, self.model.lm_head, self.prompts, self.completions, self.lengths,
-                                shared=shared, pad_id=self.pad_id, prefix_attention=attention)
+        lp, _ = completion_logp(
+            self.model.model,
+            self.model.lm_head,
+            self.prompts,
+            self.completions,
+            self.lengths,
+            shared=shared,
+            pad_id=self.pad_id,
+            prefix_attention=attention,
+        )
         return lp  # [G, K]
 
     def step(self, shared: bool, attention: str = "auto") -> float:

@@ -23,16 +23,32 @@ REPO = BENCH_DIR.parent
 SECTIONS_DIR = BENCH_DIR / "sections"
 PLOTS_DIR = BENCH_DIR / "plots"
 RESULTS = BENCH_DIR / "results.md"
-ORDER = ("flow", "flow_window_long", "flow_window_long_constant_lr", "vlm_prefix", "vlm_vs_trl", "vlm", "video",
-         "video_cache", "scaling")
+ORDER = (
+    "flow",
+    "flow_window_long",
+    "flow_window_long_constant_lr",
+    "vlm_prefix",
+    "vlm_vs_trl",
+    "vlm",
+    "video",
+    "video_cache",
+    "scaling",
+)
 """Sections that come first in results.md, in this order; any other section follows alphabetically."""
 
 
 # ---- measuring
 
 
-def measure_pair(fn_a: Callable[[], Any], fn_b: Callable[[], Any], *, repeats: int = 5, warmup: int = 1,
-                 ratio: str = "a/b", clock: Callable[[], float] = time.perf_counter) -> dict[str, Any]:
+def measure_pair(
+    fn_a: Callable[[], Any],
+    fn_b: Callable[[], Any],
+    *,
+    repeats: int = 5,
+    warmup: int = 1,
+    ratio: str = "a/b",
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Any]:
     """Time A and B alternately and summarise the per-pair ratio.
 
     Pairs run A,B then B,A then A,B ... so slow drift of the machine (other jobs, thermal) hits both sides equally.
@@ -66,9 +82,20 @@ def measure_pair(fn_a: Callable[[], Any], fn_b: Callable[[], Any], *, repeats: i
                 outs[side].append(out)
     num, den = (times["a"], times["b"]) if ratio == "a/b" else (times["b"], times["a"])
     ratios = [n / d if d > 0 else float("inf") for n, d in zip(num, den)]
-    return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "ratios": ratios,
-            "times_a": times["a"], "times_b": times["b"], "order": order, "out_a": outs["a"], "out_b": outs["b"],
-            "repeats": repeats, "warmup": warmup, "ratio": ratio}
+    return {
+        "median": statistics.median(ratios),
+        "min": min(ratios),
+        "max": max(ratios),
+        "ratios": ratios,
+        "times_a": times["a"],
+        "times_b": times["b"],
+        "order": order,
+        "out_a": outs["a"],
+        "out_b": outs["b"],
+        "repeats": repeats,
+        "warmup": warmup,
+        "ratio": ratio,
+    }
 
 
 def training_iteration(run: Any, step: int) -> tuple[Any, float, float]:
@@ -103,7 +130,7 @@ def fit_slope(points: list[tuple[float, float]]) -> float:
 
 
 def fmt_ratio(r: dict[str, Any], digits: int = 2) -> str:
-    """"2.31x (min 2.10, max 2.52, n=5)" from a measure_pair / summarise result."""
+    """ "2.31x (min 2.10, max 2.52, n=5)" from a measure_pair / summarise result."""
     n = r.get("n", r.get("repeats", len(r.get("ratios", []))))
     f = f"{{:.{digits}f}}"
     return f"{f.format(r['median'])}x (min {f.format(r['min'])}, max {f.format(r['max'])}, n={n})"
@@ -134,9 +161,11 @@ def machine() -> str:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = "/".join(f"{x:.1f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{cpu_model()}, {usable}/{os.cpu_count()} cores usable, load average {load} (1/5/15 min), "
-            f"torch {torch.__version__} with {torch.get_num_threads()} thread(s), {gpu}, "
-            f"Python {platform.python_version()}")
+    return (
+        f"{cpu_model()}, {usable}/{os.cpu_count()} cores usable, load average {load} (1/5/15 min), "
+        f"torch {torch.__version__} with {torch.get_num_threads()} thread(s), {gpu}, "
+        f"Python {platform.python_version()}"
+    )
 
 
 def matmul_gflops(n: int = 512, repeats: int = 5) -> float:
@@ -153,12 +182,29 @@ def matmul_gflops(n: int = 512, repeats: int = 5) -> float:
 
 def git_commit() -> str:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                             timeout=10, check=False)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, timeout=10, check=False
+        )
         # the run's own outputs (sections, plots, results.md, the docs' table) do not make the code dirty
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                ":!bench/sections", ":!bench/plots", ":!bench/results.md", ":!docs/performance.md"], cwd=REPO,
-                               capture_output=True, text=True, timeout=10, check=False).stdout.strip()
+        dirty = subprocess.run(
+            [
+                "git",
+                "status",
+                "--porcelain",
+                "--untracked-files=no",
+                "--",
+                ".",
+                ":!bench/sections",
+                ":!bench/plots",
+                ":!bench/results.md",
+                ":!docs/performance.md",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        ).stdout.strip()
         return out.stdout.strip() + (" (with uncommitted changes)" if dirty else "") if out.returncode == 0 else "?"
     except (OSError, subprocess.SubprocessError):
         return "?"
@@ -232,8 +278,9 @@ def section_order(names: list[str], order: tuple[str, ...] = ORDER) -> list[str]
     return known + sorted(n for n in names if n not in order)
 
 
-def assemble_results(*, header: str, sections_dir: Path | None = None, out: Path | None = None,
-                     order: tuple[str, ...] = ORDER) -> str:
+def assemble_results(
+    *, header: str, sections_dir: Path | None = None, out: Path | None = None, order: tuple[str, ...] = ORDER
+) -> str:
     """results.md = header + every stored section in a stable order; written to `out` (default bench/results.md)."""
     d = Path(sections_dir) if sections_dir is not None else SECTIONS_DIR
     names = [p.stem for p in d.glob("*.md")] if d.is_dir() else []
@@ -249,12 +296,14 @@ def assemble_results(*, header: str, sections_dir: Path | None = None, out: Path
 
 
 def results_header(machine_line: str, when: str, commit: str) -> str:
-    return (f"# Benchmark results\n\nGenerated by `make bench` (`python bench/run_all.py`) on {when}, "
-            f"commit {commit}.\n"
-            f"Machine: {machine_line} (each section states the threads it used).\n\n"
-            "Every figure is a ratio of two variants measured side by side in the same run (alternating A and B, "
-            "the median over repeats quoted, min and max shown). Absolute seconds depend on this machine and on "
-            "what else runs on it, so they are given only as raw data. Re-run on your machine with `make bench`.")
+    return (
+        f"# Benchmark results\n\nGenerated by `make bench` (`python bench/run_all.py`) on {when}, "
+        f"commit {commit}.\n"
+        f"Machine: {machine_line} (each section states the threads it used).\n\n"
+        "Every figure is a ratio of two variants measured side by side in the same run (alternating A and B, "
+        "the median over repeats quoted, min and max shown). Absolute seconds depend on this machine and on "
+        "what else runs on it, so they are given only as raw data. Re-run on your machine with `make bench`."
+    )
 
 
 # ---- plots

@@ -36,14 +36,22 @@ def discover(bench_dir: Path = BENCH_DIR) -> list[str]:
 def failure_section(name: str, why: str, tail: str) -> str:
     """The section written in place of a script's own when it fails or times out."""
     body = "\n".join(tail.strip().splitlines()[-15:])
-    return (f"## {name}: no result\n\n`python bench/{name}.py` {why} ({now_utc()}); its section is missing from "
-            f"this run. Last lines of its output:\n\n```\n{body}\n```")
+    return (
+        f"## {name}: no result\n\n`python bench/{name}.py` {why} ({now_utc()}); its section is missing from "
+        f"this run. Last lines of its output:\n\n```\n{body}\n```"
+    )
 
 
 def run_one(name: str, timeout: float, nice: int = 10) -> tuple[bool, float]:
     """Run bench/<name>.py in a subprocess (niced, offline); on failure write a section saying so."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
     cmd = [sys.executable, str(BENCH_DIR / f"{name}.py")]
     if nice and hasattr(os, "nice"):
         cmd = ["nice", "-n", str(nice), *cmd]

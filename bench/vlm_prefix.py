@@ -114,8 +114,11 @@ def attention_flops(prefix: int, group: int, completion: int, hidden: int, layer
     completion: plain batch G (P + c)^2; dense block-mask row (P + G c)^2; grouped P^2 + G c (P + c).
     """
     c = completion - 1
-    pairs = {"plain": group * (prefix + c) ** 2, "mask": (prefix + group * c) ** 2,
-             "grouped": prefix**2 + group * c * (prefix + c)}
+    pairs = {
+        "plain": group * (prefix + c) ** 2,
+        "mask": (prefix + group * c) ** 2,
+        "grouped": prefix**2 + group * c * (prefix + c),
+    }
     return {k: 4 * hidden * v * layers for k, v in pairs.items()}
 
 
@@ -128,12 +131,19 @@ def bench_prefix(model: Any, proc: Any, prefix: int, *, repeats: int, warmup: in
     pair = measure_pair(lambda: case.step(False), lambda: case.step(True), repeats=repeats, warmup=warmup)
     arms = {"plain": (False, "auto"), "shared": (True, "grouped"), "mask": (True, "mask")}
     prof = {k: profile_step(lambda s=s, a=a: case.step(s, a)) for k, (s, a) in arms.items() if top or k != "mask"}
-    out = {"prefix": prefix, "image_tokens": case.image_tokens, "pair": pair, "max_abs_diff": diff,
-           "mem": {k: v[0] for k, v in prof.items()}, "attn_share": {k: v[1] for k, v in prof.items()},
-           "flops": {k: forward_flops(case, s, a) for k, (s, a) in arms.items()}}
+    out = {
+        "prefix": prefix,
+        "image_tokens": case.image_tokens,
+        "pair": pair,
+        "max_abs_diff": diff,
+        "mem": {k: v[0] for k, v in prof.items()},
+        "attn_share": {k: v[1] for k, v in prof.items()},
+        "flops": {k: forward_flops(case, s, a) for k, (s, a) in arms.items()},
+    }
     if top:
-        out["vs_mask"] = measure_pair(lambda: case.step(True, "mask"), lambda: case.step(True, "grouped"),
-                                      repeats=3, warmup=1)
+        out["vs_mask"] = measure_pair(
+            lambda: case.step(True, "mask"), lambda: case.step(True, "grouped"), repeats=3, warmup=1
+        )
     return out
 
 
@@ -145,10 +155,16 @@ def plot(results: list[dict[str, Any]]) -> str:
     lo = [r["pair"]["median"] - r["pair"]["min"] for r in results]
     hi = [r["pair"]["max"] - r["pair"]["median"] for r in results]
     ax1.errorbar(xs, med, yerr=[lo, hi], marker="o", capsize=3, label="time: plain / shared")
-    ax1.plot(xs, [r["mem"]["plain"] / r["mem"]["shared"] for r in results], marker="s",
-             label="peak memory: plain / shared")
-    ax1.plot(xs, [r["flops"]["plain"] / r["flops"]["shared"] for r in results], ":", marker="^",
-             label="forward FLOPs: plain / shared")
+    ax1.plot(
+        xs, [r["mem"]["plain"] / r["mem"]["shared"] for r in results], marker="s", label="peak memory: plain / shared"
+    )
+    ax1.plot(
+        xs,
+        [r["flops"]["plain"] / r["flops"]["shared"] for r in results],
+        ":",
+        marker="^",
+        label="forward FLOPs: plain / shared",
+    )
     ax1.axhline(TARGETS["time"], color="grey", lw=0.8, ls="--", label=f"time target ({TARGETS['time']:.0f}x)")
     ax1.set_xscale("log", base=2)
     ax1.set_xticks(xs, [str(x) for x in xs])
@@ -193,67 +209,170 @@ def _targets(top: dict[str, Any], *, hidden: int, layers: int) -> list[str]:
         f"{att['grouped'] / f['shared']:.0%} of its counted forward FLOPs. At hidden {hidden} attention weighs more "
         f"than at a real model's width (1536-3584: attention per token grows with the width, the linear layers with "
         f"its square), so the ratio there would sit closer to the token ratio. Ceiling with the "
-        f"text attention free, from the FLOP counts (not a measurement): {f['plain'] / rest:.1f}x.")
+        f"text attention free, from the FLOP counts (not a measurement): {f['plain'] / rest:.1f}x."
+    )
     mem_line = (
         f"- <= 1/3 of the peak memory: measured {m:.2f} of plain ({'met' if m <= TARGETS['memory'] else 'missed'}). "
         f"The dense-mask row peaks at {top['mem']['mask'] / 2**20:.0f} MiB, grouped at "
         f"{top['mem']['shared'] / 2**20:.0f} MiB: grouped attention builds no [L, L] mask and keeps one copy of "
         f"the prefix keys and values (not one per completion). Both shared forms' activations scale with the row's "
-        f"tokens, the plain batch's with its {tokens[1] / tokens[0]:.1f}x more tokens.")
+        f"tokens, the plain batch's with its {tokens[1] / tokens[0]:.1f}x more tokens."
+    )
     return [time_line, mem_line]
 
 
-def section(results: list[dict[str, Any]], *, hidden: int, layers: int, n_params: int, gflops: float,
-            rss: dict[str, list[float]] | None, cmd: str, seconds: float) -> str:
+def _tables(results: list[dict[str, Any]], gflops: float) -> tuple[list[list], list[list]]:
+    """The summary rows (time, memory and FLOP ratios, logp agreement) and the raw-data rows, one per prefix."""
     rows, raw = [], []
     for r in results:
         p, m, f = r["pair"], r["mem"], r["flops"]
         t = [summarise(p["times_a"])["median"], summarise(p["times_b"])["median"]]
-        rows.append([r["prefix"], r["image_tokens"], fmt_ratio(p), f"{m['plain'] / m['shared']:.2f}x",
-                     f"{m['shared'] / m['plain']:.2f}", f"{f['plain'] / f['shared']:.2f}x", f"{r['max_abs_diff']:.1e}"])
+        rows.append(
+            [
+                r["prefix"],
+                r["image_tokens"],
+                fmt_ratio(p),
+                f"{m['plain'] / m['shared']:.2f}x",
+                f"{m['shared'] / m['plain']:.2f}",
+                f"{f['plain'] / f['shared']:.2f}x",
+                f"{r['max_abs_diff']:.1e}",
+            ]
+        )
         ach = [3 * f[a] / s / 1e9 / gflops for a, s in zip(("plain", "shared"), t)]
-        raw.append([r["prefix"], f"{t[0]:.2f} / {t[1]:.2f}", f"{m['plain'] / 2**20:.0f} / {m['shared'] / 2**20:.0f}",
-                    f"{f['plain'] / 1e9:.1f} / {f['shared'] / 1e9:.1f} ({f['mask'] / 1e9:.1f})",
-                    f"{ach[0]:.0%} / {ach[1]:.0%}"])
+        raw.append(
+            [
+                r["prefix"],
+                f"{t[0]:.2f} / {t[1]:.2f}",
+                f"{m['plain'] / 2**20:.0f} / {m['shared'] / 2**20:.0f}",
+                f"{f['plain'] / 1e9:.1f} / {f['shared'] / 1e9:.1f} ({f['mask'] / 1e9:.1f})",
+                f"{ach[0]:.0%} / {ach[1]:.0%}",
+            ]
+        )
+    return rows, raw
+
+
+def _setting(hidden: int, layers: int, n_params: int) -> str:
+    """The setting paragraph: the model built, the two arms and how they agree."""
+    return (
+        f"Setting: a random Qwen2-VL built by this script (text hidden {hidden}, {layers} layers, MLP {3 * hidden}, "
+        f"head dim 64; vision tower 2 blocks of width 64; {n_params / 1e6:.2f} M parameters), float32, SDPA attention, "
+        f"full fine-tuning. G = {GROUP} completions of {COMPLETION} tokens after one prompt of P tokens (an image "
+        f"plus filler text). Each arm is `pipelines.vlm.prefix.completion_logp` followed by backward of a weighted sum "
+        f"of the log-probs: A = plain batch (G rows of P + {COMPLETION - 1} tokens, vision tower on G copies of the "
+        f"image), B = prefix-shared (one row of P + G x {COMPLETION - 1} tokens, vision tower once) with grouped "
+        f"attention (`prefix_attention: auto`, pipelines/vlm/attention.py: per layer, one causal flash call over the "
+        f"prefix, one with all G x {COMPLETION - 1} completion queries over the prefix keys, one with each completion "
+        f"causally over itself, the last two merged by their log-sum-exp). The arms agree to the max |log p| "
+        f"difference shown (grouped and dense-mask shared rows alike)."
+    )
+
+
+def _rss_lines(rss: dict[str, list[float]], top: dict[str, Any]) -> list[str]:
+    """The resident-memory cross-check at the largest prefix, from fresh processes."""
+    s = {k: summarise(v) for k, v in rss.items()}
+    ratios = [a / b for a, b in zip(rss["plain"], rss["shared"]) if b > 0]
+    return [
+        (
+            f"Cross-check with the process's resident memory at P = {top['prefix']}: each measurement in a "
+            f"fresh process (arms alternating, {len(rss['plain'])} per arm), the rise of the max-RSS high-water "
+            f"mark over the process's first forward+backward (after loading and building the inputs): plain "
+            f"{s['plain']['median']:.0f} MiB, shared {s['shared']['median']:.0f} MiB (medians), ratio "
+            + (fmt_ratio(summarise(ratios)) if ratios else "n/a")
+            + ". RSS counts allocator arenas "
+            "and pages freed but not returned, so it is coarser than the tensor peak above."
+        ),
+        "",
+    ]
+
+
+def _raw_note(gflops: float) -> str:
+    """The raw-data note: how time, peak memory, FLOPs and the achieved rate are measured."""
+    return (
+        f"Raw data (medians; seconds are this machine's, not the code's). Peak memory = peak bytes of tensors "
+        f"allocated during one forward+backward above what was live before it (weights, inputs), from "
+        f"torch.profiler's allocator events (the CPU analogue of `torch.cuda.max_memory_allocated`; deterministic, "
+        f"one run per arm). FLOPs = forward FLOPs counted by torch FlopCounterMode on the code each arm runs, SDPA on "
+        f"its math backend (torch counts nothing for the CPU flash kernel), so each attention call counts its whole "
+        f"query x key rectangle, causal halves included, in both arms; in brackets the dense block-mask row the "
+        f"grouped attention replaced. Achieved = 3 x forward FLOPs / time over this process's measured fp32 matmul "
+        f"rate ({gflops:.1f} GFLOP/s)."
+    )
+
+
+def section(
+    results: list[dict[str, Any]],
+    *,
+    hidden: int,
+    layers: int,
+    n_params: int,
+    gflops: float,
+    rss: dict[str, list[float]] | None,
+    cmd: str,
+    seconds: float,
+) -> str:
+    rows, raw = _tables(results, gflops)
     top = results[-1]
     lines = [
-        "## VLM: prefix-shared vs plain forward+backward", "",
-        f"`{cmd}`, {now_utc()}, {seconds:.0f} s. Machine: {machine()}.", "",
-        (f"Setting: a random Qwen2-VL built by this script (text hidden {hidden}, {layers} layers, MLP {3 * hidden}, "
-         f"head dim 64; vision tower 2 blocks of width 64; {n_params / 1e6:.2f} M parameters), float32, SDPA attention, "
-         f"full fine-tuning. G = {GROUP} completions of {COMPLETION} tokens after one prompt of P tokens (an image "
-         f"plus filler text). Each arm is `pipelines.vlm.prefix.completion_logp` followed by backward of a weighted sum "
-         f"of the log-probs: A = plain batch (G rows of P + {COMPLETION - 1} tokens, vision tower on G copies of the "
-         f"image), B = prefix-shared (one row of P + G x {COMPLETION - 1} tokens, vision tower once) with grouped "
-         f"attention (`prefix_attention: auto`, pipelines/vlm/attention.py: per layer, one causal flash call over the "
-         f"prefix, one with all G x {COMPLETION - 1} completion queries over the prefix keys, one with each completion "
-         f"causally over itself, the last two merged by their log-sum-exp). The arms agree to the max |log p| "
-         f"difference shown (grouped and dense-mask shared rows alike)."), "",
-        md_table(["prefix P", "image tokens", "time, plain / shared (measured)", "peak memory, plain / shared",
-                  "shared peak as a fraction of plain", "forward FLOPs, plain / shared", "max abs logp diff"], rows), "",
-        (f"Raw data (medians; seconds are this machine's, not the code's). Peak memory = peak bytes of tensors "
-         f"allocated during one forward+backward above what was live before it (weights, inputs), from "
-         f"torch.profiler's allocator events (the CPU analogue of `torch.cuda.max_memory_allocated`; deterministic, "
-         f"one run per arm). FLOPs = forward FLOPs counted by torch FlopCounterMode on the code each arm runs, SDPA on "
-         f"its math backend (torch counts nothing for the CPU flash kernel), so each attention call counts its whole "
-         f"query x key rectangle, causal halves included, in both arms; in brackets the dense block-mask row the "
-         f"grouped attention replaced. Achieved = 3 x forward FLOPs / time over this process's measured fp32 matmul "
-         f"rate ({gflops:.1f} GFLOP/s)."), "",
-        md_table(["prefix P", "seconds, plain / shared", "peak MiB, plain / shared",
-                  "forward GFLOP, plain / shared (dense-mask row)", "achieved / matmul rate, plain / shared"], raw), "",
+        "## VLM: prefix-shared vs plain forward+backward",
+        "",
+        f"`{cmd}`, {now_utc()}, {seconds:.0f} s. Machine: {machine()}.",
+        "",
+        _setting(hidden, layers, n_params),
+        "",
+        md_table(
+            [
+                "prefix P",
+                "image tokens",
+                "time, plain / shared (measured)",
+                "peak memory, plain / shared",
+                "shared peak as a fraction of plain",
+                "forward FLOPs, plain / shared",
+                "max abs logp diff",
+            ],
+            rows,
+        ),
+        "",
+        _raw_note(gflops),
+        "",
+        md_table(
+            [
+                "prefix P",
+                "seconds, plain / shared",
+                "peak MiB, plain / shared",
+                "forward GFLOP, plain / shared (dense-mask row)",
+                "achieved / matmul rate, plain / shared",
+            ],
+            raw,
+        ),
+        "",
     ]
     if rss:
-        s = {k: summarise(v) for k, v in rss.items()}
-        ratios = [a / b for a, b in zip(rss["plain"], rss["shared"]) if b > 0]
-        lines += [(f"Cross-check with the process's resident memory at P = {top['prefix']}: each measurement in a "
-                   f"fresh process (arms alternating, {len(rss['plain'])} per arm), the rise of the max-RSS high-water "
-                   f"mark over the process's first forward+backward (after loading and building the inputs): plain "
-                   f"{s['plain']['median']:.0f} MiB, shared {s['shared']['median']:.0f} MiB (medians), ratio "
-                   + (fmt_ratio(summarise(ratios)) if ratios else "n/a") + ". RSS counts allocator arenas "
-                   "and pages freed but not returned, so it is coarser than the tensor peak above."), ""]
-    lines += [f"Plot: ![vlm_prefix.png](plots/{plot(results)})", "",
-              "### Targets (issue 9) and what stands in the way", "", *_targets(top, hidden=hidden, layers=layers)]
+        lines += _rss_lines(rss, top)
+    lines += [
+        f"Plot: ![vlm_prefix.png](plots/{plot(results)})",
+        "",
+        "### Targets (issue 9) and what stands in the way",
+        "",
+        *_targets(top, hidden=hidden, layers=layers),
+    ]
     return "\n".join(lines)
+
+
+def _write_summary(top: dict[str, Any]) -> None:
+    """The summary line of the largest prefix: speed-up and peak-memory ratio against the issue 9 targets."""
+    write_summary(
+        "vlm_prefix",
+        [
+            (
+                f"VLM: prefix-shared vs plain forward+backward, G={GROUP}, prefix {top['prefix']}, completion {COMPLETION}",
+                (
+                    f"{top['pair']['median']:.2f}x faster ({top['pair']['min']:.2f}-{top['pair']['max']:.2f}), "
+                    f"{top['mem']['shared'] / top['mem']['plain']:.2f}x peak memory"
+                ),
+                ">= 4x, <= 1/3 memory",
+            )
+        ],
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -284,19 +403,25 @@ def main(argv: list[str] | None = None) -> None:
         top = prefix == prefixes[-1]
         reps = args.repeats or (2 if args.quick else (5 if top else 3))
         results.append(bench_prefix(model, proc, prefix, repeats=reps, warmup=1, top=top))
-        print(f"P={prefix}: time {fmt_ratio(results[-1]['pair'])}, memory "
-              f"{results[-1]['mem']['plain'] / results[-1]['mem']['shared']:.2f}x", flush=True)
+        print(
+            f"P={prefix}: time {fmt_ratio(results[-1]['pair'])}, memory "
+            f"{results[-1]['mem']['plain'] / results[-1]['mem']['shared']:.2f}x",
+            flush=True,
+        )
     rss = None if args.no_rss else rss_pair(path, prefixes[-1], rounds=1 if args.quick else 2)
     cmd = f"python bench/vlm_prefix.py{' --quick' if args.quick else ''}"
-    md = section(results, hidden=hidden, layers=layers, n_params=n_params, gflops=gflops, rss=rss, cmd=cmd,
-                 seconds=time.perf_counter() - t_start)
+    md = section(
+        results,
+        hidden=hidden,
+        layers=layers,
+        n_params=n_params,
+        gflops=gflops,
+        rss=rss,
+        cmd=cmd,
+        seconds=time.perf_counter() - t_start,
+    )
     path_md = write_section("vlm_prefix", md)
-    top = results[-1]
-    write_summary("vlm_prefix", [(
-        f"VLM: prefix-shared vs plain forward+backward, G={GROUP}, prefix {top['prefix']}, completion {COMPLETION}",
-        (f"{top['pair']['median']:.2f}x faster ({top['pair']['min']:.2f}-{top['pair']['max']:.2f}), "
-         f"{top['mem']['shared'] / top['mem']['plain']:.2f}x peak memory"),
-        ">= 4x, <= 1/3 memory")])
+    _write_summary(results[-1])
     print(md)
     print(f"\nwrote {path_md}")
 
