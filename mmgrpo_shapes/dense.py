@@ -57,16 +57,20 @@ class DenseHead(nn.Module):
         """
         nc, ns = len(COLOR_CLASSES), len(SHAPE_CLASSES)
         logits = self.proj(tokens.float())  # [N, 11 + 2 side]
-        lc, ls = logits[:, :nc], logits[:, nc: nc + ns]  # [N, 7], [N, 4]
-        ce = 0.5 * (nn.functional.cross_entropy(lc, color, reduction="none")
-                    + nn.functional.cross_entropy(ls, shape, reduction="none"))  # [N]
+        lc, ls = logits[:, :nc], logits[:, nc : nc + ns]  # [N, 7], [N, 4]
+        ce = 0.5 * (
+            nn.functional.cross_entropy(lc, color, reduction="none")
+            + nn.functional.cross_entropy(ls, shape, reduction="none")
+        )  # [N]
         obj = color > 0  # [N]
         loss = sum(ce[m].mean() for m in (obj, ~obj) if m.any())
-        acc = {"color": float((lc.argmax(-1) == color)[obj].float().mean()),
-               "shape": float((ls.argmax(-1) == shape)[obj].float().mean())}
+        acc = {
+            "color": float((lc.argmax(-1) == color)[obj].float().mean()),
+            "shape": float((ls.argmax(-1) == shape)[obj].float().mean()),
+        }
         if self.side:
             k = torch.arange(tokens.shape[0], device=tokens.device) % (self.side * self.side)  # [N] cell index
-            lr_, lcol = logits[:, nc + ns: nc + ns + self.side], logits[:, nc + ns + self.side:]  # [N, side] each
+            lr_, lcol = logits[:, nc + ns : nc + ns + self.side], logits[:, nc + ns + self.side :]  # [N, side] each
             row, col = k // self.side, k % self.side  # [N], [N]
             loss = loss + 0.5 * (nn.functional.cross_entropy(lr_, row) + nn.functional.cross_entropy(lcol, col))
             acc["position"] = float(((lr_.argmax(-1) == row) & (lcol.argmax(-1) == col)).float().mean())
@@ -101,8 +105,9 @@ def tower_tokens(model: nn.Module, processor, images: list) -> Tensor:
     return out.pooler_output if hasattr(out, "pooler_output") else out  # [B * T, hidden]
 
 
-def pretrain_tower(model: nn.Module, processor, head: DenseHead, stream, *, steps: int, batch: int, lr: float,
-                   log=print) -> list[dict[str, float]]:
+def pretrain_tower(
+    model: nn.Module, processor, head: DenseHead, stream, *, steps: int, batch: int, lr: float, log=print
+) -> list[dict[str, float]]:
     """Stage 1: train the vision tower (and `head`) alone on the dense targets of `batch` records a step, AdamW at
     `lr` with 20 warm-up steps; `stream` yields records with "image" and "objects". Returns the logged means."""
     params = list(model.model.visual.parameters()) + list(head.parameters())
@@ -151,8 +156,12 @@ def optimizer(args, model: nn.Module, head: nn.Module | None) -> torch.optim.Opt
     vision = list(model.model.visual.parameters()) + (list(head.parameters()) if head is not None else [])
     ids = {id(p) for p in vision}
     rest = [p for p in model.parameters() if id(p) not in ids]
-    return torch.optim.AdamW([{"params": rest, "mult": 1.0}, {"params": vision, "mult": args.vision_lr_mult}],
-                             lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
+    return torch.optim.AdamW(
+        [{"params": rest, "mult": 1.0}, {"params": vision, "mult": args.vision_lr_mult}],
+        lr=args.lr,
+        betas=(0.9, 0.99),
+        weight_decay=0.01,
+    )
 
 
 def stage_one(args, model: nn.Module, processor, stream) -> tuple[DenseHead | None, list[dict[str, float]]]:
@@ -160,18 +169,30 @@ def stage_one(args, model: nn.Module, processor, stream) -> tuple[DenseHead | No
     head = dense_head(args, model)
     if head is None or args.tower_steps <= 0:
         return head, []
-    return head, pretrain_tower(model, processor, head, stream, steps=args.tower_steps, batch=args.tower_batch,
-                                lr=args.tower_lr, log=lambda m: print(m, flush=True))
+    return head, pretrain_tower(
+        model,
+        processor,
+        head,
+        stream,
+        steps=args.tower_steps,
+        batch=args.tower_batch,
+        lr=args.tower_lr,
+        log=lambda m: print(m, flush=True),
+    )
 
 
 def log_losses(info: dict[str, Any], step: int, t0: float, lr: float, run_loss: list, run_dense: list) -> None:
     """Append the mean SFT loss (and dense metrics) since the last log to info["losses"] and print them."""
-    info["losses"].append({"step": step, "minutes": round((time.time() - t0) / 60, 2),
-                           "loss": sum(run_loss) / len(run_loss)})
+    info["losses"].append(
+        {"step": step, "minutes": round((time.time() - t0) / 60, 2), "loss": sum(run_loss) / len(run_loss)}
+    )
     extra = ""
     if run_dense:
         d = torch.tensor(run_dense).mean(0).tolist()
         info["losses"][-1] |= {"dense": d[0], "dense_color_acc": d[1], "dense_shape_acc": d[2], "dense_position": d[3]}
         extra = f" dense {d[0]:.3f} colour {d[1]:.2f} shape {d[2]:.2f} position {d[3]:.2f}"
-    print(f"step {step} loss {info['losses'][-1]['loss']:.4f} lr {lr:.2e} ({(time.time() - t0) / step:.2f} s/step)"
-          + extra, flush=True)
+    print(
+        f"step {step} loss {info['losses'][-1]['loss']:.4f} lr {lr:.2e} ({(time.time() - t0) / step:.2f} s/step)"
+        + extra,
+        flush=True,
+    )

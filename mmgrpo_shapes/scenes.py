@@ -112,9 +112,7 @@ def spec_to_prompt(spec: PromptSpec) -> str:
 
 
 _WORD = {w: n for n, w in NUMBER_WORDS.items()}
-_OBJ_RE = (
-    r"(?P<det{i}>a|an|one|two|three|four|\d+)\s+(?:(?P<color{i}>{colors})\s+)?(?P<shape{i}>{shapes})s?"
-)
+_OBJ_RE = r"(?P<det{i}>a|an|one|two|three|four|\d+)\s+(?:(?P<color{i}>{colors})\s+)?(?P<shape{i}>{shapes})s?"
 
 
 @functools.lru_cache(maxsize=4096)

@@ -261,7 +261,6 @@ def score(images: list, prompts: list[str], *, mode: str = "partial", extra_pena
     return out
 
 
-
 def category_report(images: list, prompts: list[str]) -> dict[str, dict[str, float]]:
     """Per-category GenEval table: `{category: {"strict": mean, "partial": mean, "n": count}}` plus "overall"
     (the mean over categories, as GenEval reports it). For `mmgrpo eval` and before/after comparisons."""

@@ -71,9 +71,7 @@ class Clip:
         return self.num_frames / self.fps
 
     def scene(self, frame: int) -> Scene:
-        objs = [
-            SceneObject(t.shape, t.color, *t.center(frame), t.size) for t in self.tracks if t.visible(frame)
-        ]
+        objs = [SceneObject(t.shape, t.color, *t.center(frame), t.size) for t in self.tracks if t.visible(frame)]
         return Scene(tuple(objs), None, self.resolution)
 
     def frames(self) -> np.ndarray:
@@ -148,8 +146,10 @@ def sample_clip(
     stay MARGIN apart); sizes are fractions of the side.
     """
     if not 16 <= num_frames <= 64 or num_frames % PATCH_FRAMES:
-        raise ValueError(f"num_frames={num_frames} must be even and in [16, 64]: events sit on frame pairs and clips "
-                         f"need room for appear/move/disappear")
+        raise ValueError(
+            f"num_frames={num_frames} must be even and in [16, 64]: events sit on frame pairs and clips "
+            f"need room for appear/move/disappear"
+        )
     n = int(rng.choice(3, p=N_OBJECTS_P)) + 1 if n_objects is None else n_objects
     if not 1 <= n <= len(SHAPES):
         raise ValueError(f"n_objects={n} must be in [1, {len(SHAPES)}]: each object has its own shape")
@@ -274,8 +274,14 @@ def make_video_set(
             write_mp4(out / "videos" / f"{rid}.mp4", clip.frames(), fps)
             rows = [(k, q, a) for k in sorted(qas) for q, a in qas[k]] if all_questions else [(kind, *pick)]
             for j, (k, question, answer) in enumerate(rows):
-                row = dict(video=f"videos/{rid}.mp4", question=question, answer=answer, type=k, split=split,
-                           id=f"{rid}-{j}" if all_questions else rid)
+                row = dict(
+                    video=f"videos/{rid}.mp4",
+                    question=question,
+                    answer=answer,
+                    type=k,
+                    split=split,
+                    id=f"{rid}-{j}" if all_questions else rid,
+                )
                 row.update(duration=clip.duration, fps=fps, num_frames=num_frames, timeline=clip.timeline())
                 f.write(json.dumps(row) + "\n")
     return path

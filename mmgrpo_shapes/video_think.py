@@ -24,7 +24,9 @@ def time_line(span: list[float], duration: float) -> str:
     edges, copied (as timestamps interleaved with frames do for Qwen3-VL and NumPro)."""
     start, end = span
     groups = round(duration / GROUP_SECONDS)
-    marks = "".join(f"{g * GROUP_SECONDS:.1f}{'+' if start <= g * GROUP_SECONDS < end else '-'}" for g in range(groups))
+    marks = "".join(
+        f"{g * GROUP_SECONDS:.1f}{'+' if start <= g * GROUP_SECONDS < end else '-'}" for g in range(groups)
+    )
     return f"{marks}{groups * GROUP_SECONDS:.1f}"
 
 
@@ -68,8 +70,10 @@ def qa_line(rec: dict[str, Any]) -> str:
         return _marks(rec["duration"], lambda g: MOVE_MARKS.get(states[g], "-" if states[g] == "absent" else "+"))
     a, b = (_states(rec["timeline"], n, groups) for n in names[:2])
     on = (lambda s: s != "absent") if "appears" in q else (lambda s: s not in ("absent", "still"))
-    return _marks(rec["duration"], lambda g: {(True, True): "=", (True, False): "a", (False, True): "b"}.get(
-        (on(a[g]), on(b[g])), "-"))
+    return _marks(
+        rec["duration"],
+        lambda g: {(True, True): "=", (True, False): "a", (False, True): "b"}.get((on(a[g]), on(b[g])), "-"),
+    )
 
 
 def target_text(rec: dict[str, Any]) -> str:

@@ -37,8 +37,11 @@ def _name(obj: SceneObject) -> str:
 def _count_qa(objs: list[SceneObject]) -> list[tuple[str, str]]:
     out = [(f"How many {s}s are there?", str(sum(o.shape == s for o in objs))) for s in SHAPES]
     # colour counts only for colours present, or "0" would flood the answers
-    out += [(f"How many {c} objects are there?", str(sum(o.color == c for o in objs))) for c in COLORS if any(
-        o.color == c for o in objs)]
+    out += [
+        (f"How many {c} objects are there?", str(sum(o.color == c for o in objs)))
+        for c in COLORS
+        if any(o.color == c for o in objs)
+    ]
     out.append(("How many objects are there in total?", str(len(objs))))
     return out
 
@@ -115,15 +118,20 @@ def question_template(question: str) -> str:
 
 _COUNTS4 = ("1", "2", "3", "4")
 TEMPLATE_ANSWERS: dict[str, dict[str, tuple[str, ...]]] = {
-    "count": {"How many _ are there?": ("0",) + _COUNTS4, "How many _ objects are there?": _COUNTS4,
-              "How many objects are there in total?": _COUNTS4},
+    "count": {
+        "How many _ are there?": ("0",) + _COUNTS4,
+        "How many _ objects are there?": _COUNTS4,
+        "How many objects are there in total?": _COUNTS4,
+    },
     "color": {"What color is the _?": tuple(COLORS)},
     "shape": {"What shape is the _ object?": SHAPES},
     "existence": {"Is there a _ _?": ("yes", "no")},
     "position": {"Is the _ _ left of the _ _?": ("yes", "no"), "Is the _ _ above the _ _?": ("yes", "no")},
-    "arithmetic": {"How many _ and _ are there altogether?": _COUNTS4,
-                   "How many more _ than _ are there?": ("0", "1", "2", "3"),
-                   "If two more _ were added, how many _ would there be?": ("2", "3", "4", "5", "6")},
+    "arithmetic": {
+        "How many _ and _ are there altogether?": _COUNTS4,
+        "How many more _ than _ are there?": ("0", "1", "2", "3"),
+        "If two more _ were added, how many _ would there be?": ("2", "3", "4", "5", "6"),
+    },
 }
 """every question template per type with its possible answers (scenes hold 1-4 objects): `make_vqa` draws the type,
 then the template, then the answer uniformly, so every image-blind predictor sits at 1 / len(answers)"""
@@ -135,8 +143,13 @@ def _biased_scene(rng: np.random.Generator, resolution: int) -> Scene:
     n = int(rng.integers(1, 5))
     colors = list(COLORS)
     main_s, main_c = SHAPES[int(rng.integers(3))], colors[int(rng.integers(len(colors)))]
-    kinds = [(main_s if rng.random() < 0.6 else SHAPES[int(rng.integers(3))],
-              main_c if rng.random() < 0.6 else colors[int(rng.integers(len(colors)))]) for _ in range(n)]
+    kinds = [
+        (
+            main_s if rng.random() < 0.6 else SHAPES[int(rng.integers(3))],
+            main_c if rng.random() < 0.6 else colors[int(rng.integers(len(colors)))],
+        )
+        for _ in range(n)
+    ]
     objs = _place(rng, kinds, SIZE_RANGE, None)
     return Scene(objs, None, resolution) if objs is not None else _biased_scene(rng, resolution)
 
@@ -194,10 +207,20 @@ def make_vqa(
                     buckets.setdefault((question_template(q), a), []).append((scene, q))
         found = buckets[(template, answer)]
         scene, question = found.pop(int(rng.integers(len(found))))
-        records.append(dict(id=f"{split}-{len(records):05d}", image=scene.render(), question=question, answer=answer,
-                            type=kind, split=split, prompt=scene.prompt,
-                            objects=[{"shape": o.shape, "color": o.color, "cx": o.cx, "cy": o.cy, "size": o.size}
-                                     for o in scene.objects]))
+        records.append(
+            dict(
+                id=f"{split}-{len(records):05d}",
+                image=scene.render(),
+                question=question,
+                answer=answer,
+                type=kind,
+                split=split,
+                prompt=scene.prompt,
+                objects=[
+                    {"shape": o.shape, "color": o.color, "cx": o.cx, "cy": o.cy, "size": o.size} for o in scene.objects
+                ],
+            )
+        )
     return records
 
 

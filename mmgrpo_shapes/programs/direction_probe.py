@@ -45,8 +45,10 @@ def probe(x_train: Tensor, y_train: Tensor, x_test: Tensor, y_test: Tensor, *, s
         loss.backward()
         opt.step()
     with torch.no_grad():
-        acc = {k: float((head((x - mu) / sd).argmax(1) == y).float().mean())
-               for k, x, y in (("train", x_train, y_train), ("test", x_test, y_test))}
+        acc = {
+            k: float((head((x - mu) / sd).argmax(1) == y).float().mean())
+            for k, x, y in (("train", x_train, y_train), ("test", x_test, y_test))
+        }
     return acc | {"n_train": len(y_train), "n_test": len(y_test)}
 
 
@@ -65,8 +67,10 @@ def main(argv: list[str] | None = None) -> None:
     processor = AutoProcessor.from_pretrained(args.model)
     model = AutoModelForImageTextToText.from_pretrained(args.model).eval()
     encode = frame_encoder(processor, NUM_FRAMES)
-    data = [moving_cells(model, encode, pipeline_records(split, n, types=("direction",), num_frames=NUM_FRAMES))
-            for split, n in (("train", args.train_n), ("test", args.test_n))]
+    data = [
+        moving_cells(model, encode, pipeline_records(split, n, types=("direction",), num_frames=NUM_FRAMES))
+        for split, n in (("train", args.train_n), ("test", args.test_n))
+    ]
     print(json.dumps(probe(*data[0], *data[1]), indent=1), flush=True)
 
 

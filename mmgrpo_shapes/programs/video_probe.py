@@ -35,9 +35,13 @@ def frame_encoder(processor, num_frames: int, *, shuffle: bool = False):
     # lazy: pipelines.video.policy imports transformers; importing the probe's helpers (pretrain_video) stays light
     from pipelines.video.policy import FrameSettings, VideoPolicy
 
-    ns = SimpleNamespace(processor=processor, device=torch.device("cpu"), frames=FrameSettings(num_frames=num_frames),
-                         s=SimpleNamespace(instruction=FORMAT_INSTRUCTION, system_prompt=None),
-                         m=SimpleNamespace(augment_noise=0.0))
+    ns = SimpleNamespace(
+        processor=processor,
+        device=torch.device("cpu"),
+        frames=FrameSettings(num_frames=num_frames),
+        s=SimpleNamespace(instruction=FORMAT_INSTRUCTION, system_prompt=None),
+        m=SimpleNamespace(augment_noise=0.0),
+    )
     if shuffle:
         return lambda rec: VideoPolicy.encode(ns, rec, shuffle_seed=hash(rec["id"]) % 2**31)
     return lambda rec: VideoPolicy.encode(ns, rec)
@@ -81,7 +85,7 @@ def target_logprobs(model: nn.Module, enc: dict[str, Tensor], target: Tensor) ->
     inputs = {**enc, "input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if "mm_token_type_ids" in enc:
         inputs["mm_token_type_ids"] = nn.functional.pad(enc["mm_token_type_ids"], (0, target.shape[0]))
-    logits = model(**inputs).logits[0, enc["input_ids"].shape[1] - 1: -1].float()  # [K, V]
+    logits = model(**inputs).logits[0, enc["input_ids"].shape[1] - 1 : -1].float()  # [K, V]
     return logits.log_softmax(-1).gather(1, target[:, None])[:, 0]  # [K]
 
 
@@ -137,23 +141,28 @@ def set_records(out: str | Path, split: str) -> list[dict[str, Any]]:
     for line in (Path(out) / f"{split}.jsonl").read_text().splitlines():
         row = json.loads(line)
         kind = row["type"]
-        rec = finish(parse_row({**row, "type": SHAPES_TASKS[kind]}, f"{out}/{split}.jsonl:{row['id']}", Path(out)),
-                     time_prompt=True)
+        rec = finish(
+            parse_row({**row, "type": SHAPES_TASKS[kind]}, f"{out}/{split}.jsonl:{row['id']}", Path(out)),
+            time_prompt=True,
+        )
         recs.append(rec | {"type": kind, "timeline": row["timeline"], "num_frames": row["num_frames"]})
     return recs
 
 
-def pipeline_records(split: str, n: int, *, types: tuple[str, ...], num_frames: int, seed: int = 0,
-                     resolution: int = 64) -> list[dict[str, Any]]:
+def pipeline_records(
+    split: str, n: int, *, types: tuple[str, ...], num_frames: int, seed: int = 0, resolution: int = 64
+) -> list[dict[str, Any]]:
     """The `n` records `data: shapes_video` gives a recipe (one question per clip), with type and timeline."""
-    out = shapes_video_dir(split, n, seed=seed, types=tuple(types), num_frames=num_frames, fps=4,
-                           resolution=resolution, cache_dir=None)
+    out = shapes_video_dir(
+        split, n, seed=seed, types=tuple(types), num_frames=num_frames, fps=4, resolution=resolution, cache_dir=None
+    )
     return set_records(out, split)
 
 
 def probe_tower(model: nn.Module, encode, train: list[dict], test: list[dict]) -> dict[str, float]:
     """Balanced accuracy of linear probes for 'colour c visible in temporal group g': on each group's merged tokens
     (concatenated) of this model's tower, and of a tower with the same architecture and random weights."""
+
     def data(m, recs):
         xs, ys = [], []
         for r in recs:
@@ -171,8 +180,9 @@ def probe_tower(model: nn.Module, encode, train: list[dict], test: list[dict]) -
     return {name: linear_probe(*data(m, train), *data(m, test)) for name, m in (("trained", model), ("random", rand))}
 
 
-def diagnose(model: nn.Module, processor, recs: list[dict[str, Any]], *, num_frames: int, blank: str,
-             targets: list[str]) -> dict[str, float]:
+def diagnose(
+    model: nn.Module, processor, recs: list[dict[str, Any]], *, num_frames: int, blank: str, targets: list[str]
+) -> dict[str, float]:
     """Relative change of the tower's output and mean |change| of the target completions' per-token log-probs when
     each record's frames are blanked (real vs blank), over `recs` with their SFT targets."""
     encode, tok = frame_encoder(processor, num_frames), processor.tokenizer
@@ -185,8 +195,12 @@ def diagnose(model: nn.Module, processor, recs: list[dict[str, Any]], *, num_fra
         d = (target_logprobs(model, _inputs(real), ids) - target_logprobs(model, _inputs(empty), ids)).abs()
         dlogp.append(float(d.mean()))
         maxd.append(float(d.max()))
-    return {"tower_rel_change": float(np.mean(rel)), "target_logp_abs_change": float(np.mean(dlogp)),
-            "target_logp_max_abs_change": float(np.max(maxd)), "n": len(recs)}
+    return {
+        "tower_rel_change": float(np.mean(rel)),
+        "target_logp_abs_change": float(np.mean(dlogp)),
+        "target_logp_max_abs_change": float(np.max(maxd)),
+        "n": len(recs),
+    }
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -213,10 +227,12 @@ def main(argv: list[str] | None = None) -> None:
     texts = {}
     for cond in CONDITIONS:
         enc = frame_encoder(processor, args.frames, shuffle=cond == "shuffled")
-        texts[cond] = predict(model, enc, processor.tokenizer, condition_records(recs, cond, blank=blank),
-                              max_new_tokens=32)
-    report["identical_to_real"] = {c: float(np.mean([a == b for a, b in zip(texts["real"], texts[c])]))
-                                   for c in CONDITIONS[1:]}
+        texts[cond] = predict(
+            model, enc, processor.tokenizer, condition_records(recs, cond, blank=blank), max_new_tokens=32
+        )
+    report["identical_to_real"] = {
+        c: float(np.mean([a == b for a, b in zip(texts["real"], texts[c])])) for c in CONDITIONS[1:]
+    }
     if "grounding" in types:
         for cond in CONDITIONS:
             ious = [temporal_iou_text(t, r["spans"]) for t, r in zip(texts[cond], recs)]
@@ -224,8 +240,9 @@ def main(argv: list[str] | None = None) -> None:
         tgt = [GROUNDING_TEMPLATE.format(start=r["spans"][0], end=r["spans"][1]) for r in recs]
     else:
         tgt = [f"<think>Look.</think><answer>{r['answers']}</answer>" for r in recs]
-    report["blank_change"] = diagnose(model, processor, recs[:50], num_frames=args.frames, blank=blank,
-                                      targets=tgt[:50])
+    report["blank_change"] = diagnose(
+        model, processor, recs[:50], num_frames=args.frames, blank=blank, targets=tgt[:50]
+    )
     train = pipeline_records("train", args.probe_n, types=types, num_frames=args.clip_frames)
     report["probe_visible_colour"] = probe_tower(model, encode, train, recs[: max(args.n // 2, 20)])
     print(json.dumps(report, indent=1), flush=True)

@@ -39,19 +39,22 @@ def probes(model, processor, n: int = 900, n_fit: int = 600) -> dict[str, float]
     rng = np.random.default_rng(0)
     scenes = [random_scene(rng) for _ in range(n)]
     objs = [[vars(o) for o in s.objects] for s in scenes]
-    tok = torch.cat([tower_tokens(model, processor, [s.render() for s in scenes[i: i + 50]])
-                     for i in range(0, n, 50)])  # [n * 16, hidden]
+    tok = torch.cat(
+        [tower_tokens(model, processor, [s.render() for s in scenes[i : i + 50]]) for i in range(0, n, 50)]
+    )  # [n * 16, hidden]
     color, shape = map(torch.cat, zip(*[cell_targets(o, 4) for o in objs]))  # [n * 16] each
     obj = color > 0
     fit = obj.clone()
-    fit[n_fit * 16:] = False
+    fit[n_fit * 16 :] = False
     order = torch.cat([fit.nonzero()[:, 0], (obj & ~fit).nonzero()[:, 0]])
     k = int(fit.sum())
     one = [random_scene(rng, n_objects=1) for _ in range(600)]
     pooled = torch.stack([tower_tokens(model, processor, [s.render()]).mean(0) for s in one])  # [600, hidden]
-    return {"colour": probe(tok[order], color[order] - 1, k), "shape": probe(tok[order], shape[order] - 1, k),
-            "one-object shape (pooled)": probe(pooled, torch.tensor([SHAPES.index(s.objects[0].shape) for s in one]),
-                                               400)}
+    return {
+        "colour": probe(tok[order], color[order] - 1, k),
+        "shape": probe(tok[order], shape[order] - 1, k),
+        "one-object shape (pooled)": probe(pooled, torch.tensor([SHAPES.index(s.objects[0].shape) for s in one]), 400),
+    }
 
 
 def looking(model, processor, n: int = 64) -> dict[str, object]:
@@ -82,11 +85,16 @@ def looking(model, processor, n: int = 64) -> dict[str, object]:
     for name, rs in (("real", recs), ("blank", blank)):
         x, y = P.collate([P.example("vqa", encode, tok, r) for r in rs], tok.pad_token_id)
         with torch.no_grad():
-            lp = -torch.nn.functional.cross_entropy(model(**x).logits[:, :-1].transpose(1, 2), y[:, 1:],
-                                                    reduction="none").sum(1)  # [n]
+            lp = -torch.nn.functional.cross_entropy(
+                model(**x).logits[:, :-1].transpose(1, 2), y[:, 1:], reduction="none"
+            ).sum(1)  # [n]
         logp[name] = float(lp.mean())
-    return {"attention on image tokens per layer": np.round(np.mean(share, 0), 3).tolist(),
-            "uniform attention share": round(uniform, 3), "grad norm": norm, "completion log-prob": logp}
+    return {
+        "attention on image tokens per layer": np.round(np.mean(share, 0), 3).tolist(),
+        "uniform attention share": round(uniform, 3),
+        "grad norm": norm,
+        "completion log-prob": logp,
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

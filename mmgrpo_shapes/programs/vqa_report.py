@@ -31,8 +31,10 @@ def blind_report(splits: tuple[str, ...] = ("val", "test"), n: int = 1000, n_tra
         chance = vqa_chance(split, n)
         tables = [blind_baseline("vqa", split, n, n_train=n_train, by=by) for by in ("template", "type")]
         for cat in tables[0]:
-            lines.append(f"| {split} | {cat} | {tables[0][cat]['n']} | {chance[cat]:.3f} | "
-                         f"{tables[0][cat]['accuracy']:.3f} | {tables[1][cat]['accuracy']:.3f} |")
+            lines.append(
+                f"| {split} | {cat} | {tables[0][cat]['n']} | {chance[cat]:.3f} | "
+                f"{tables[0][cat]['accuracy']:.3f} | {tables[1][cat]['accuracy']:.3f} |"
+            )
     return "\n".join(lines)
 
 
@@ -41,13 +43,17 @@ def model_report(model: str, split: str = "test", n: int = 300, n_train: int = 3
     best image-blind baseline (template majority or type prior, fitted on train) and real - blank."""
     runs = {images: evaluate(model, "vqa", split, n, images=images) for images in ("real", "blank", "shuffled")}
     blind = [blind_baseline("vqa", split, n, n_train=n_train, by=by) for by in ("template", "type")]
-    lines = ["| type | n | format | accuracy | blank image | shuffled image | image-blind baseline | real - blank |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| type | n | format | accuracy | blank image | shuffled image | image-blind baseline | real - blank |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for cat, row in runs["real"].items():
         base = max(b[cat]["accuracy"] for b in blind)
-        lines.append(f"| {cat} | {row['n']} | {row['format']:.3f} | {row['accuracy']:.3f} | "
-                     f"{runs['blank'][cat]['accuracy']:.3f} | {runs['shuffled'][cat]['accuracy']:.3f} | {base:.3f} | "
-                     f"{row['accuracy'] - runs['blank'][cat]['accuracy']:+.3f} |")
+        lines.append(
+            f"| {cat} | {row['n']} | {row['format']:.3f} | {row['accuracy']:.3f} | "
+            f"{runs['blank'][cat]['accuracy']:.3f} | {runs['shuffled'][cat]['accuracy']:.3f} | {base:.3f} | "
+            f"{row['accuracy'] - runs['blank'][cat]['accuracy']:+.3f} |"
+        )
     return "\n".join(lines)
 
 
