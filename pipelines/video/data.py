@@ -14,7 +14,7 @@ from typing import Any
 
 from mmgrpo.errors import UserError
 from mmgrpo_shapes.video import SET_VERSION, make_video_set
-from pipelines.video.io import check_videos, sample_indices, video_info
+from pipelines.video.io import check_videos, frame_indices, video_info
 from pipelines.vlm.data import WHERE_KEY, text_problem
 
 log = logging.getLogger(__name__)
@@ -246,20 +246,7 @@ def video_prompt_tokens(policy: Any, record: dict[str, Any]) -> tuple[int, int]:
         ids = policy.encode(record)["input_ids"]  # [1, L]
         return ids.shape[1], int((ids == proc.tokenizer.convert_tokens_to_ids(proc.video_token)).sum())
     info = video_info(record["video"], backend=f.backend)
-    t = len(
-        sample_indices(
-            info.num_frames,
-            info.fps,
-            mode=f.mode,
-            num_frames=f.num_frames,
-            fps=f.fps,
-            token_budget=f.token_budget,
-            pixels_per_frame=f.pixels_per_frame,
-            min_frames=f.min_frames,
-            max_frames=f.max_frames,
-            strategy=f.strategy,
-        )
-    )
+    t = len(frame_indices(info, f))
     # the chat text exactly as VideoPolicy.encode writes it (copied: pipelines may copy, see style.md 3.7)
     text = record["prompt"] if not s.instruction else f"{record['prompt']}\n{s.instruction}"
     messages = [{"role": "system", "content": s.system_prompt}] if s.system_prompt else []

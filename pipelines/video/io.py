@@ -213,6 +213,24 @@ def frames_for_budget(
     return int(token_budget * temporal_patch * pixels_per_token // pixels_per_frame)
 
 
+def frame_indices(info: VideoInfo, frames, *, seed: int | None = None) -> np.ndarray:
+    """Frame indices [T] of the video `info` (`video_info`) under a pipeline's `FrameSettings` `frames`: `sample_indices`
+    with its fields, one call for the policy's encode and the data's token count."""
+    return sample_indices(
+        info.num_frames,
+        info.fps,
+        mode=frames.mode,
+        num_frames=frames.num_frames,
+        fps=frames.fps,
+        token_budget=frames.token_budget,
+        pixels_per_frame=frames.pixels_per_frame,
+        min_frames=frames.min_frames,
+        max_frames=frames.max_frames,
+        strategy=frames.strategy,
+        seed=seed,
+    )
+
+
 def sample_indices(
     total: int,
     video_fps: float,

@@ -14,7 +14,7 @@ from transformers.video_utils import VideoMetadata
 
 from mmgrpo.types import Rollout
 from pipelines.video import methods as vm
-from pipelines.video.io import read_frames, sample_indices, video_info
+from pipelines.video.io import frame_indices, read_frames, video_info
 from pipelines.video.settings import FrameSettings, MethodSettings
 from pipelines.vlm.methods import answer_token_mask
 from pipelines.vlm.policy import VLMPolicy
@@ -58,19 +58,7 @@ class VideoPolicy(VLMPolicy):
         with their metadata, so Qwen2.5-VL's `second_per_grid_ts` follows the real sampling rate."""
         f = self.frames
         info = video_info(record["video"], backend=f.backend)
-        idx = sample_indices(
-            info.num_frames,
-            info.fps,
-            mode=f.mode,
-            num_frames=f.num_frames,
-            fps=f.fps,
-            token_budget=f.token_budget,
-            pixels_per_frame=f.pixels_per_frame,
-            min_frames=f.min_frames,
-            max_frames=f.max_frames,
-            strategy=f.strategy,
-            seed=seed,
-        )
+        idx = frame_indices(info, f, seed=seed)
         frames, times = read_frames(info.path, idx, backend=f.backend, cache_dir=f.cache_dir, info=info)
         if noise_seed is not None:
             frames = vm.noisier(frames, std=self.m.augment_noise, seed=noise_seed)
