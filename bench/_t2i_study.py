@@ -108,12 +108,16 @@ ARMS: dict[str, list[str]] = {
         "pipeline.kwargs.step_weights=grad_equalizer",
         "algo.loss=weighted_clipped",
     ],
+    "const_vgpo": ["optim.schedule=constant"],
+    "const_sage": ["optim.schedule=constant"],
     "ema_0.9": ["optim.ema_decay=0.9"],
     "penalty_ema": ["optim.ema_decay=0.9", "rewards=" + PENALTY.format(p=0.15)],
     "penalty_0.15": ["rewards=" + PENALTY.format(p=0.15)],
     "const_penalty_0.15": ["optim.schedule=constant", "rewards=" + PENALTY.format(p=0.15)],
 }
 """Arms: dotted overrides on the shipped recipe. Names are the study's rows; add an arm by adding a line."""
+ARMS["const_vgpo"] += ARMS["vgpo"]  # the fading test: VGPO and SAGE at the constant rate whose gain fades
+ARMS["const_sage"] += ARMS["sage"]
 
 
 def load(overrides: list[str]):
