@@ -7,7 +7,7 @@ import torch
 
 from mmgrpo.config import load_config
 from mmgrpo.trainer import train
-from mmgrpo_shapes.programs import pretrain_t2i as pt
+from mmgrpo_shapes.programs import t2i_model as pt
 
 
 @pytest.fixture(scope="module")

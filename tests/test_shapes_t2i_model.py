@@ -11,19 +11,17 @@ import pytest
 import torch
 
 from mmgrpo_shapes import scenes
-from mmgrpo_shapes.programs.pretrain_t2i import (
+from mmgrpo_shapes.programs.pretrain_t2i import flow_matching_loss, sample, sample_sigmas
+from mmgrpo_shapes.programs.t2i_data import hflip_prompt, mirror_allowed
+from mmgrpo_shapes.programs.t2i_model import (
     MODEL_FILE,
     ShapesT2I,
     build_models,
     build_tokenizer,
     encode_prompts,
-    flow_matching_loss,
     load,
-    sample,
-    sample_sigmas,
     save_model,
 )
-from mmgrpo_shapes.programs.t2i_data import hflip_prompt, mirror_allowed
 from mmgrpo_shapes.verifier import score
 
 ASSET = Path(__file__).resolve().parents[1] / "assets" / "shapes-t2i"

@@ -12,6 +12,7 @@ import torch
 
 from mmgrpo_shapes import video_think as VT
 from mmgrpo_shapes.programs import pretrain_video as PV
+from mmgrpo_shapes.programs import video_eval as VE
 from mmgrpo_shapes.video import Clip, Track, make_video_set
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,11 +50,11 @@ def test_dense_states_by_hand():
 def test_mean_iou_by_hand():
     # span (1, 3) vs (2, 4): inter 1, union 3 -> 1/3; vs (5, 6): 0; mean 1/6.  span (0, 8) vs (2, 4): 2/8, vs (5, 6):
     # 1/8; mean 3/16.  A reversed or empty ground truth (3, 3) scores 0 against (1, 3) as rewards.rules.temporal_iou
-    got = PV.mean_iou([(1, 3), (0, 8)], [(2, 4), (5, 6)])
+    got = VE.mean_iou([(1, 3), (0, 8)], [(2, 4), (5, 6)])
     assert got == pytest.approx([1 / 6, 3 / 16], abs=1e-12)
     from rewards.rules import temporal_iou
 
-    assert PV.mean_iou([(1, 3)], [(3, 3)])[0] == temporal_iou((1, 3), (3, 3)) == 0.0
+    assert VE.mean_iou([(1, 3)], [(3, 3)])[0] == temporal_iou((1, 3), (3, 3)) == 0.0
 
 
 def test_targets_fit_the_recipes_and_get_full_marks():
@@ -91,7 +92,7 @@ def test_targets_fit_the_recipes_and_get_full_marks():
     ]
     texts = [PV.target_text(r) for r in recs]
     lengths = [len(tok(t, add_special_tokens=False)["input_ids"]) + 1 for t in texts]  # + <|im_end|>
-    assert lengths[0] == 84 and max(lengths) == 87 <= PV.MAX_NEW_TOKENS  # recipes: max_new_tokens 96
+    assert lengths[0] == 84 and max(lengths) == 87 <= VE.MAX_NEW_TOKENS  # recipes: max_new_tokens 96
     task = rewards.load("video_task")(
         texts,
         prompts=None,
@@ -128,7 +129,7 @@ def policy():
     kw = {
         "num_frames": PV.NUM_FRAMES,
         "shapes_frames": PV.NUM_FRAMES,
-        "max_new_tokens": PV.MAX_NEW_TOKENS,
+        "max_new_tokens": VE.MAX_NEW_TOKENS,
         "temperature": 0.05,
         "prefix_sharing": "auto",
         "vision_cache": "auto",

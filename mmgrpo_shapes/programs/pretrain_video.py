@@ -17,25 +17,21 @@ Run: OMP_NUM_THREADS=1 python -m mmgrpo_shapes.programs.pretrain_video --out ass
 
 import argparse
 import copy
-import functools
 import json
 import math
 import os
 import random
 import time
-from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
-import rewards
-from mmgrpo_shapes.programs.pretrain_vlm import _template, build_model, collate, predict, sft_loss
+from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, sft_loss
+from mmgrpo_shapes.programs.video_eval import NUM_FRAMES, blind_baselines, evaluate, format_table
 from mmgrpo_shapes.programs.video_probe import (
     blank_video,
-    condition_records,
     frame_encoder,
     lifetimes,
     pipeline_records,
@@ -46,14 +42,8 @@ from mmgrpo_shapes.video import DIRECTIONS, SET_VERSION, VIDEO_TYPES, make_video
 from mmgrpo_shapes.video_think import target_text
 from pipelines.video.build import FORMAT_INSTRUCTION
 
-NUM_FRAMES = 32
-"""frames per clip and frames sampled (configs/video: shapes_frames = num_frames = 32)"""
 PIXELS = 56 * 56
 """min = max pixels per frame: a 64 px frame becomes 4 x 4 patches of 14 px, merged 2 x 2 into 4 tokens a group"""
-MAX_NEW_TOKENS = 96
-"""grounding's target on an 8 s clip, the 67-character time line (`time_line`), the span, the tags and <|im_end|>, is 84
-tokens (the tokenizer is character-level); the longest QA target, an order question's time line and "yellow
-triangle", is 87 (configs/video: max_new_tokens 96 for grounding and for QA)"""
 STATES = ("absent", "still") + tuple(f"moving {d}" for d in DIRECTIONS)
 """per colour and temporal group: the dense target of the vision head"""
 ABSENT_WEIGHT = 0.1
@@ -74,7 +64,6 @@ def pool_dir(split: str, n: int, *, seed: int = 0) -> Path:
         make_video_set(split, n, tmp, seed=seed, num_frames=NUM_FRAMES, all_questions=True)
         os.replace(tmp, out)
     return out
-
 
 
 def dense_states(timeline: list[dict[str, Any]], num_frames: int) -> Tensor:
@@ -105,28 +94,42 @@ class Examples:
         self.video_id = self.tok.convert_tokens_to_ids("<|video_pad|>")
 
     def prompt_ids(self, rec: dict[str, Any], n_video: int) -> Tensor:
-        messages = [{"role": "user", "content": [{"type": "video"},
-                                                  {"type": "text", "text": f"{rec['prompt']}\n{FORMAT_INSTRUCTION}"}]}]
+        messages = [
+            {
+                "role": "user",
+                "content": [{"type": "video"}, {"type": "text", "text": f"{rec['prompt']}\n{FORMAT_INSTRUCTION}"}],
+            }
+        ]
         chat = self.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         ids = torch.tensor(self.tok(chat, add_special_tokens=False)["input_ids"])
         at = int((ids == self.video_id).nonzero()[0])
-        return torch.cat([ids[:at], torch.full((n_video,), self.video_id), ids[at + 1:]])[None]  # [1, P]
+        return torch.cat([ids[:at], torch.full((n_video,), self.video_id), ids[at + 1 :]])[None]  # [1, P]
 
     def __call__(self, i: int) -> dict[str, Tensor]:
         rec = self.recs[i]
         if rec["video"] not in self.clips:
             enc = self.encode(rec)
-            self.clips[rec["video"]] = (enc["pixel_values_videos"], enc["video_grid_thw"],
-                                        int((enc["input_ids"] == self.video_id).sum()),
-                                        dense_states(rec["timeline"], rec["num_frames"]))
+            self.clips[rec["video"]] = (
+                enc["pixel_values_videos"],
+                enc["video_grid_thw"],
+                int((enc["input_ids"] == self.video_id).sum()),
+                dense_states(rec["timeline"], rec["num_frames"]),
+            )
         pixels, grid, n_video, states = self.clips[rec["video"]]
         ids = self.prompt_ids(rec, n_video)
         types = (ids == self.video_id).long() * 2  # [1, P] mm_token_type_ids: 2 marks video tokens
         done = self.tok(target_text(rec), add_special_tokens=False)["input_ids"] + [
-            self.tok.convert_tokens_to_ids("<|im_end|>")]
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "mm_token_type_ids": types,
-                "pixel_values_videos": pixels, "video_grid_thw": grid, "completion": torch.tensor(done),
-                "states": states}
+            self.tok.convert_tokens_to_ids("<|im_end|>")
+        ]
+        return {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "mm_token_type_ids": types,
+            "pixel_values_videos": pixels,
+            "video_grid_thw": grid,
+            "completion": torch.tensor(done),
+            "states": states,
+        }
 
     def batch(self, rng: random.Random, size: int, mix: dict[str, float]) -> list[dict[str, Tensor]]:
         kinds = rng.choices(list(mix), weights=list(mix.values()), k=size)
@@ -166,8 +169,15 @@ def losses(model: nn.Module, head: DenseHead, batch: list[dict[str, Tensor]], pa
 def build(args):
     """The model and processor: pretrain_vlm's architecture, frames normalised around the background (PIXEL_STD), and
     with --init-lm every weight outside the vision tower copied from a saved Qwen2-VL of that architecture."""
-    model, processor = build_model("grounding", hidden=args.hidden, layers=args.layers, vision_dim=args.vision_dim,
-                                   vision_depth=args.vision_depth, pixels=PIXELS, seed=args.seed)
+    model, processor = build_model(
+        "grounding",
+        hidden=args.hidden,
+        layers=args.layers,
+        vision_dim=args.vision_dim,
+        vision_depth=args.vision_depth,
+        pixels=PIXELS,
+        seed=args.seed,
+    )
     for proc in (processor.video_processor, processor.image_processor):
         proc.image_mean, proc.image_std = [c / 255 for c in BACKGROUND], [PIXEL_STD] * 3
     if args.init_lm:
@@ -178,88 +188,6 @@ def build(args):
         model.model.language_model.load_state_dict(src.model.language_model.state_dict())
         model.lm_head.load_state_dict(src.lm_head.state_dict())
     return model, processor
-
-
-# ----- evaluation
-def score(texts: list[str], recs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Per-type means: format (strict), mIoU and R@0.5 (grounding) or accuracy (QA types), and n."""
-    fmt = rewards.load("format", mode="strict")(texts, prompts=None).tolist()
-    iou, acc = rewards.load("temporal_iou"), rewards.load("accuracy")
-    table: dict[str, dict[str, float]] = {}
-    for kind in VIDEO_TYPES:
-        idx = [i for i, r in enumerate(recs) if r["type"] == kind]
-        if not idx:
-            continue
-        sub = [texts[i] for i in idx]
-        row = {"n": len(idx), "format": sum(fmt[i] for i in idx) / len(idx)}
-        if kind == "grounding":
-            v = iou(sub, prompts=None, spans=[recs[i]["spans"] for i in idx]).float()
-            row |= {"miou": float(v.mean()), "r@0.5": float((v >= 0.5).float().mean())}
-        else:
-            row["accuracy"] = float(acc(sub, prompts=None, answers=[recs[i]["answers"] for i in idx]).float().mean())
-        table[kind] = row
-    return table
-
-
-def evaluate(model: nn.Module, processor, recs: list[dict[str, Any]], *, condition: str = "real",
-             blank: str | None = None) -> dict[str, dict[str, float]]:
-    """Greedy per-type scores on `recs` with real, blank, other-clip or shuffled frames (video_probe.CONDITIONS)."""
-    encode = frame_encoder(processor, NUM_FRAMES, shuffle=condition == "shuffled")
-    texts = predict(model, encode, processor.tokenizer, condition_records(recs, condition, blank=blank),
-                    max_new_tokens=MAX_NEW_TOKENS)
-    return score(texts, recs)
-
-
-def mean_iou(spans: list, gts: list) -> Any:
-    """[K] mean temporal IoU of each candidate span (rows of `spans` [K, 2]) over the ground truths `gts` [N, 2]:
-    inter / union as rewards.rules.temporal_iou (0 for an empty union), vectorised."""
-    p, g = np.asarray(spans, float)[:, None], np.asarray(gts, float)[None]  # [K, 1, 2], [1, N, 2]
-    inter = np.clip(np.minimum(p[..., 1], g[..., 1]) - np.maximum(p[..., 0], g[..., 0]), 0, None)  # [K, N]
-    union = np.maximum(p[..., 1], g[..., 1]) - np.minimum(p[..., 0], g[..., 0])  # [K, N]
-    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0).mean(1)  # [K]
-
-
-def blind_baselines(train: list[dict[str, Any]], recs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """Image-blind predictors fitted on `train`, scored on `recs`: grounding - the best constant span on a 0.25 s grid
-    overall and per query template (move / visible), and the whole clip; QA - the majority answer per question
-    template (colour and shape words masked) and per type."""
-
-    def template(r):
-        return _template(r["question"]) if r["type"] != "grounding" else ("move" if "move" in r["question"] else
-                                                                           "visible")
-
-    dur = recs[0]["duration"]
-    grid = [(a / 4, b / 4) for a in range(int(4 * dur) + 1) for b in range(a + 1, int(4 * dur) + 1)]
-    by = defaultdict(list)
-    for r in train:
-        by[(r["type"], template(r))].append(r.get("spans") or r.get("answers"))
-        by[(r["type"], "")].append(r.get("spans") or r.get("answers"))
-
-    @functools.cache
-    def fit(kind, key):
-        answers = by.get((kind, key)) or by[(kind, "")]
-        if kind == "grounding":
-            return grid[int(mean_iou(grid, answers).argmax())]
-        return Counter(answers).most_common(1)[0][0]
-
-    predictors = {"per_template": lambda r: fit(r["type"], template(r)), "per_type": lambda r: fit(r["type"], "")}
-    out = {}
-    for name, guess in predictors.items():
-        texts = [target_text({**r, "spans": guess(r), "answers": guess(r)}) for r in recs]
-        out[name] = score(texts, recs)
-    ground = [r for r in recs if r["type"] == "grounding"]
-    if ground:
-        out["whole_clip"] = score([target_text({**r, "spans": (0.0, r["duration"])}) for r in ground], ground)
-        out["constants"] = {k[1] or "all": list(fit("grounding", k[1])) for k in by if k[0] == "grounding"}
-    return out
-
-
-def format_table(table: dict[str, dict[str, float]]) -> str:
-    lines = []
-    for kind, row in table.items():
-        lines.append(f"{kind:<10} " + " ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
-                                               for k, v in row.items()))
-    return "\n".join(lines)
 
 
 # ----- training
@@ -287,8 +215,38 @@ def optimizer(model: nn.Module, head: nn.Module, args) -> torch.optim.Optimizer:
     tower = list(model.model.visual.parameters()) + list(head.parameters())
     ids = {id(p) for p in tower}
     rest = [p for p in model.parameters() if id(p) not in ids]
-    return torch.optim.AdamW([{"params": rest, "lr_mult": 1.0}, {"params": tower, "lr_mult": args.tower_lr_mult}],
-                             lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
+    return torch.optim.AdamW(
+        [{"params": rest, "lr_mult": 1.0}, {"params": tower, "lr_mult": args.tower_lr_mult}],
+        lr=args.lr,
+        betas=(0.9, 0.99),
+        weight_decay=0.01,
+    )
+
+
+def sft_step(
+    args,
+    model: nn.Module,
+    ema: nn.Module,
+    head: DenseHead,
+    opt,
+    batch: list[dict[str, Tensor]],
+    pad_id: int,
+    step: int,
+) -> tuple[Tensor, Tensor]:
+    """One update on SFT + dense_weight * dense (gradients clipped to 1 over model and head), then the EMA update
+    (decay warmed up as (1 + step) / (10 + step) so early evals are not of the init). Returns both losses."""
+    model.train()
+    sft, dense = losses(model, head, batch, pad_id)
+    loss = sft + args.dense_weight * dense
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(list(model.parameters()) + list(head.parameters()), 1.0)
+    opt.step()
+    decay = min(args.ema, (1 + step) / (10 + step))
+    with torch.no_grad():
+        for pe, pm in zip(ema.parameters(), model.parameters()):
+            pe.lerp_(pm, 1 - decay)
+    return sft, dense
 
 
 def train(args) -> dict[str, Any]:
@@ -301,11 +259,18 @@ def train(args) -> dict[str, Any]:
     ema = copy.deepcopy(model).requires_grad_(False)
     opt = optimizer(model, head, args)
     data = Examples(processor, set_records(args.pool_dir or pool_dir("train", args.pool, seed=args.seed), "train"))
-    val = (pipeline_records("val", args.val_n, types=("grounding",), num_frames=NUM_FRAMES)
-           + pipeline_records("val", args.val_n, types=QA_TYPES, num_frames=NUM_FRAMES))
+    val = pipeline_records("val", args.val_n, types=("grounding",), num_frames=NUM_FRAMES) + pipeline_records(
+        "val", args.val_n, types=QA_TYPES, num_frames=NUM_FRAMES
+    )
     rng = random.Random(args.seed)
-    info: dict[str, Any] = {"args": vars(args), "params": sum(p.numel() for p in model.parameters()),
-                            "pool_rows": len(data.recs), "losses": [], "evals": [], "best": None}
+    info: dict[str, Any] = {
+        "args": vars(args),
+        "params": sum(p.numel() for p in model.parameters()),
+        "pool_rows": len(data.recs),
+        "losses": [],
+        "evals": [],
+        "best": None,
+    }
     print(f"{info['params']:,} parameters, {len(data.recs)} training questions", flush=True)
     t0, last_eval, step, run = time.time(), time.time(), 0, []
     budget = 60 * args.minutes
@@ -326,36 +291,36 @@ def train(args) -> dict[str, Any]:
         lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(elapsed / budget, 1.0)))  # cosine to 10% over the budget
         for group in opt.param_groups:
             group["lr"] = lr * group["lr_mult"]
-        model.train()
-        sft, dense = losses(model, head, data.batch(rng, args.batch, MIX), processor.tokenizer.pad_token_id)
-        loss = sft + args.dense_weight * dense
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        nn.utils.clip_grad_norm_(list(model.parameters()) + list(head.parameters()), 1.0)
-        opt.step()
-        decay = min(args.ema, (1 + step) / (10 + step))
-        with torch.no_grad():
-            for pe, pm in zip(ema.parameters(), model.parameters()):
-                pe.lerp_(pm, 1 - decay)
+        batch = data.batch(rng, args.batch, MIX)
+        sft, dense = sft_step(args, model, ema, head, opt, batch, processor.tokenizer.pad_token_id, step)
         step += 1
         run.append((float(sft.detach()), float(dense.detach())))
         if step % 25 == 0:
             s, d = (sum(x) / len(run) for x in zip(*run))
             info["losses"].append({"step": step, "minutes": round((time.time() - t0) / 60, 2), "sft": s, "dense": d})
-            print(f"step {step} sft {s:.4f} dense {d:.4f} lr {lr:.2e} ({(time.time() - t0) / step:.2f} s/step)",
-                  flush=True)
+            print(
+                f"step {step} sft {s:.4f} dense {d:.4f} lr {lr:.2e} ({(time.time() - t0) / step:.2f} s/step)",
+                flush=True,
+            )
             run = []
     info["train_minutes"], info["steps"] = round((time.time() - t0) / 60, 1), step
     (Path(args.out) / "train_log.json").write_text(json.dumps(info, indent=1))
     return info
 
 
-def test_report(path: str | Path | None, n: int, pool: int, *, split: str = "test",
-                conditions: tuple[str, ...] = ("real", "blank", "other", "shuffled")) -> dict[str, Any]:
+def test_report(
+    path: str | Path | None,
+    n: int,
+    pool: int,
+    *,
+    split: str = "test",
+    conditions: tuple[str, ...] = ("real", "blank", "other", "shuffled"),
+) -> dict[str, Any]:
     """Scores of a saved model on `n` clips per task of `split` under each frame condition (None: only the blind
     baselines), and the blind baselines fitted on the training pool."""
-    recs = (pipeline_records(split, n, types=("grounding",), num_frames=NUM_FRAMES)
-            + pipeline_records(split, n, types=QA_TYPES, num_frames=NUM_FRAMES))
+    recs = pipeline_records(split, n, types=("grounding",), num_frames=NUM_FRAMES) + pipeline_records(
+        split, n, types=QA_TYPES, num_frames=NUM_FRAMES
+    )
     out: dict[str, Any] = {"blind": blind_baselines(set_records(pool_dir("train", pool), "train"), recs)}
     if path is not None:
         # lazy: transformers is heavy to import; only scoring a saved model needs it (not --report blind)
@@ -385,16 +350,20 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--dense-weight", type=float, default=1.0, help="weight of the per-group dense vision loss")
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--ema", type=float, default=0.99)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--vision-dim", type=int, default=96)
-    p.add_argument("--vision-depth", type=int, default=3)
-    p.add_argument("--init-lm", default=None,
-                   help="copy the weights outside the vision tower from this saved Qwen2-VL folder (same architecture)")
+    add_architecture_args(p)
+    p.add_argument(
+        "--init-lm",
+        default=None,
+        help="copy the weights outside the vision tower from this saved Qwen2-VL folder (same architecture)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--report", default=None, metavar="MODEL",
-                   help="no training: score this saved model (or 'blind': only the blind baselines) on --split")
+    p.add_argument(
+        "--report",
+        default=None,
+        metavar="MODEL",
+        help="no training: score this saved model (or 'blind': only the blind baselines) on --split",
+    )
     p.add_argument("--split", default="test", choices=("val", "test"), help="--report's split")
     p.add_argument("--conditions", default="real,blank,other,shuffled", help="--report's frame conditions")
     return p.parse_args(argv)
@@ -404,8 +373,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.report:
         torch.set_num_threads(args.threads)
-        out = test_report(None if args.report == "blind" else args.report, args.test_n, args.pool, split=args.split,
-                          conditions=tuple(args.conditions.split(",")))
+        out = test_report(
+            None if args.report == "blind" else args.report,
+            args.test_n,
+            args.pool,
+            split=args.split,
+            conditions=tuple(args.conditions.split(",")),
+        )
         print(json.dumps(out, indent=1), flush=True)
         return
     info = train(args)

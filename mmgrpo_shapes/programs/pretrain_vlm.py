@@ -13,7 +13,6 @@ import copy
 import json
 import math
 import random
-import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -25,6 +24,7 @@ from torch import Tensor, nn
 
 import rewards
 from mmgrpo_shapes.dense import TowerTap, batch_targets, log_losses, optimizer, stage_one
+from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, predict, sft_loss
 from mmgrpo_shapes.vqa import make_vqa, question_template, swap_images
 from mmgrpo_shapes.vqa_think import THINK, position_think
 from pipelines.video.build import FORMAT_INSTRUCTION as VIDEO_INSTRUCTION
@@ -40,43 +40,6 @@ VIDEO_FRAMES = {"num_frames": 8, "shapes_frames": 24, "shapes_resolution": 64}
 
 
 # ----- model
-def build_model(task: str, *, hidden: int = 128, layers: int = 4, vision_dim: int = 96, vision_depth: int = 3,
-                pixels: int = 112 * 112, seed: int = 0):
-    """A randomly initialised Qwen2-VL + Qwen2VLProcessor with the byte-level tokenizer of pipelines/vlm/tiny.py.
-
-    pixels fixes min_pixels = max_pixels: a 32 px image (or 64 px frame) is resized to 112 x 112, i.e. 8 x 8
-    patches of 14 px merged 2 x 2 into 16 visual tokens per image (per 2 frames for video).
-    """
-    # lazy: transformers (and pipelines.vlm.tiny, which imports it) is heavy to import; only building a model needs it
-    from transformers import AutoModelForImageTextToText, Qwen2VLConfig
-
-    from pipelines.vlm.tiny import SPECIALS, _processor, qwen_tokenizer
-
-    with tempfile.TemporaryDirectory() as src:
-        tok = qwen_tokenizer(src)
-    ids = {name: tok.convert_tokens_to_ids(name) for name in SPECIALS}
-    heads = hidden // 32
-    quarter = 32 // 2 // 4  # M-RoPE sections (t, h, w) sum to head_dim / 2 = 16
-    text = {"vocab_size": len(tok), "hidden_size": hidden, "intermediate_size": 4 * hidden,
-            "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": heads,
-            "max_position_embeddings": 2048, "tie_word_embeddings": False,
-            "rope_parameters": {"rope_type": "default", "mrope_section": [2 * quarter, quarter, quarter],
-                                "rope_theta": 1e4},
-            "bos_token_id": ids["<|endoftext|>"], "eos_token_id": ids["<|im_end|>"],
-            "pad_token_id": ids["<|endoftext|>"]}
-    vision = {"depth": vision_depth, "embed_dim": vision_dim, "hidden_size": hidden, "num_heads": vision_dim // 32,
-              "mlp_ratio": 4, "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2, "in_channels": 3}
-    config = Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False,
-                           image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
-                           vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForImageTextToText.from_config(config)
-    model.generation_config.eos_token_id = [ids["<|im_end|>"], ids["<|endoftext|>"]]
-    model.generation_config.pad_token_id = ids["<|endoftext|>"]
-    return model, _processor("qwen2_vl", tok, min_pixels=pixels, max_pixels=pixels)
-
-
 def encoder(task: str, processor) -> Any:
     """The rollout policy's `encode(record)` with its default settings, bound to `processor` (no model needed)."""
     if task == "vqa":
@@ -87,8 +50,9 @@ def encoder(task: str, processor) -> Any:
         from pipelines.video.policy import FrameSettings
         from pipelines.video.policy import VideoPolicy as cls
     instruction = VQA_INSTRUCTION if task == "vqa" else VIDEO_INSTRUCTION
-    ns = SimpleNamespace(processor=processor, device=torch.device("cpu"),
-                         s=SimpleNamespace(instruction=instruction, system_prompt=None))
+    ns = SimpleNamespace(
+        processor=processor, device=torch.device("cpu"), s=SimpleNamespace(instruction=instruction, system_prompt=None)
+    )
     if task == "grounding":
         ns.frames, ns.m = FrameSettings(num_frames=VIDEO_FRAMES["num_frames"]), SimpleNamespace(augment_noise=0.0)
     return lambda record: cls.encode(ns, record)
@@ -109,64 +73,38 @@ def records(task: str, split: str, n: int, *, seed: int, resolution: int = 32) -
     """`n` records of `split` exactly as the pipelines build them (VQA rendered at `resolution` px; grounding clips
     cached as mp4)."""
     if task == "vqa":  # the fields of pipelines.vlm.data.shapes_vqa_records, plus the objects for dense targets
-        return [{"prompt": r["question"], "image": r["image"], "answers": r["answer"], "category": r["type"],
-                 "id": r["id"], "objects": r["objects"]} for r in make_vqa(split, n, seed=seed, resolution=resolution)]
-    return shapes_video_records(split, n, seed=seed, types=("grounding",), num_frames=VIDEO_FRAMES["shapes_frames"],
-                                resolution=VIDEO_FRAMES["shapes_resolution"])
+        return [
+            {
+                "prompt": r["question"],
+                "image": r["image"],
+                "answers": r["answer"],
+                "category": r["type"],
+                "id": r["id"],
+                "objects": r["objects"],
+            }
+            for r in make_vqa(split, n, seed=seed, resolution=resolution)
+        ]
+    return shapes_video_records(
+        split,
+        n,
+        seed=seed,
+        types=("grounding",),
+        num_frames=VIDEO_FRAMES["shapes_frames"],
+        resolution=VIDEO_FRAMES["shapes_resolution"],
+    )
 
 
 def example(task: str, encode, tok, record: dict[str, Any]) -> dict[str, Tensor]:
     """One training example: the prompt's processor tensors plus `completion` ids (target + <|im_end|>)."""
     enc = {k: v for k, v in encode(record).items() if not k.startswith("_")}
-    ids = tok(target_text(task, record), add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids(
-        "<|im_end|>")]
+    ids = tok(target_text(task, record), add_special_tokens=False)["input_ids"] + [
+        tok.convert_tokens_to_ids("<|im_end|>")
+    ]
     enc["completion"] = torch.tensor(ids)
     return enc
 
 
-def collate(batch: list[dict[str, Tensor]], pad_id: int) -> tuple[dict[str, Tensor], Tensor]:
-    """Right-padded model inputs for prompt + completion and the labels [B, L] (-100 outside completions)."""
-    seqs = [torch.cat([b["input_ids"][0], b["completion"]]) for b in batch]
-    length = max(len(s) for s in seqs)
-    ids = torch.full((len(batch), length), pad_id, dtype=torch.long)  # [B, L]
-    labels = torch.full((len(batch), length), -100, dtype=torch.long)  # [B, L]
-    mask = torch.zeros((len(batch), length), dtype=torch.long)  # [B, L]
-    types = torch.zeros((len(batch), length), dtype=torch.long)  # [B, L] M-RoPE: which tokens are image/video
-    for i, (s, b) in enumerate(zip(seqs, batch)):
-        p = b["input_ids"].shape[1]
-        ids[i, : len(s)], mask[i, : len(s)] = s, 1
-        labels[i, p: len(s)] = b["completion"]
-        if "mm_token_type_ids" in b:
-            types[i, :p] = b["mm_token_type_ids"][0]
-    inputs = {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": types}
-    for key in ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"):
-        if key in batch[0]:
-            inputs[key] = torch.cat([b[key] for b in batch])
-    return inputs, labels
-
-
-def sft_loss(model: nn.Module, inputs: dict[str, Tensor], labels: Tensor) -> Tensor:
-    """Token-mean cross-entropy of the completion tokens: -mean_t log p(y_t | prompt, y_<t)."""
-    logits = model(**inputs).logits[:, :-1]  # [B, L-1, V]
-    target = labels[:, 1:]  # [B, L-1]
-    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
-                                       ignore_index=-100)
-
-
 # ----- evaluation
-@torch.no_grad()
-def predict(model: nn.Module, encode, tok, recs: list[dict[str, Any]], *, max_new_tokens: int) -> list[str]:
-    """Greedy completions (decoded without special tokens), one prompt at a time, as the pipelines' rollouts."""
-    model.eval()
-    out = []
-    for rec in recs:
-        enc = {k: v for k, v in encode(rec).items() if not k.startswith("_")}
-        seq = model.generate(**enc, do_sample=False, max_new_tokens=max_new_tokens, stop_strings=None,
-                             pad_token_id=tok.pad_token_id)
-        out.append(tok.decode(seq[0, enc["input_ids"].shape[1]:].tolist(), skip_special_tokens=True))
-    return out
-
-
 def score(task: str, texts: list[str], recs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """Per-category means of the pipelines' rewards: format (strict) and accuracy (VQA) or temporal IoU + R@0.5."""
     fmt = rewards.load("format", mode="strict")([t for t in texts], prompts=None).tolist()
@@ -190,8 +128,9 @@ def score(task: str, texts: list[str], recs: list[dict[str, Any]]) -> dict[str, 
     return table
 
 
-def evaluate(path_or_model, task: str, split: str = "test", n: int = 200, *, seed: int = 0,
-             processor=None, images: str = "real") -> dict[str, dict[str, float]]:
+def evaluate(
+    path_or_model, task: str, split: str = "test", n: int = 200, *, seed: int = 0, processor=None, images: str = "real"
+) -> dict[str, dict[str, float]]:
     """Greedy per-category scores of a saved folder (or a model + processor) on `n` fixed records of `split`, with
     their real images or the blank / shuffled ones of `swap_images`."""
     if isinstance(path_or_model, str | Path):
@@ -203,8 +142,13 @@ def evaluate(path_or_model, task: str, split: str = "test", n: int = 200, *, see
     else:
         model = path_or_model
     recs = records(task, split, n, seed=seed)
-    texts = predict(model, encoder(task, processor), processor.tokenizer, swap_images(recs, images),
-                    max_new_tokens=24 if task == "vqa" else 32)
+    texts = predict(
+        model,
+        encoder(task, processor),
+        processor.tokenizer,
+        swap_images(recs, images),
+        max_new_tokens=24 if task == "vqa" else 32,
+    )
     return score(task, texts, recs)
 
 
@@ -213,8 +157,9 @@ def _template(question: str) -> str:
     return question_template(question)
 
 
-def blind_baseline(task: str, split: str = "test", n: int = 300, *, n_train: int = 3000,
-                   by: str = "template") -> dict[str, dict]:
+def blind_baseline(
+    task: str, split: str = "test", n: int = 300, *, n_train: int = 3000, by: str = "template"
+) -> dict[str, dict]:
     """Scores of the best image-blind answer per question template (by="template"; by="type": per question type,
     i.e. the answer prior of each type), fitted on n_train train records: the majority answer (VQA) or the constant
     span on a 0.25 s grid with the highest mean IoU (grounding)."""
@@ -279,8 +224,17 @@ def save(model: nn.Module, processor, out: Path, info: dict[str, Any]) -> None:
     (out / "train_log.json").write_text(json.dumps(info, indent=1))
 
 
-def validate(args, ema: nn.Module, processor, encode, val: list[dict[str, Any]], info: dict[str, Any], *,
-             step: int, minutes: float) -> None:
+def validate(
+    args,
+    ema: nn.Module,
+    processor,
+    encode,
+    val: list[dict[str, Any]],
+    info: dict[str, Any],
+    *,
+    step: int,
+    minutes: float,
+) -> None:
     """Score the EMA model on the val sample; save it to args.out when best so far (and not above --ceiling)."""
     table = score_model(ema, processor, encode, args.task, val)
     metric = main_metric(args.task, table)
@@ -293,8 +247,9 @@ def validate(args, ema: nn.Module, processor, encode, val: list[dict[str, Any]],
         save(ema, processor, Path(args.out), info)
 
 
-def sft_step(args, model: nn.Module, ema: nn.Module, opt, head, tap, encode, tok, recs: list[dict[str, Any]],
-             step: int) -> tuple[float, list[float] | None]:
+def sft_step(
+    args, model: nn.Module, ema: nn.Module, opt, head, tap, encode, tok, recs: list[dict[str, Any]], step: int
+) -> tuple[float, list[float] | None]:
     """One SFT update on `recs` (+ the dense loss on the same images with a head), then the EMA update. Returns the
     loss and, with a head, [dense loss, colour accuracy, shape accuracy] on the batch's object cells."""
     model.train()
@@ -322,8 +277,15 @@ def train(args) -> dict[str, Any]:
     saved to args.out when it is the best so far (and, with --ceiling, not above the band's ceiling)."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model, processor = build_model(args.task, hidden=args.hidden, layers=args.layers, vision_dim=args.vision_dim,
-                                   vision_depth=args.vision_depth, pixels=args.pixels, seed=args.seed)
+    model, processor = build_model(
+        args.task,
+        hidden=args.hidden,
+        layers=args.layers,
+        vision_dim=args.vision_dim,
+        vision_depth=args.vision_depth,
+        pixels=args.pixels,
+        seed=args.seed,
+    )
     tok = processor.tokenizer
     encode = encoder(args.task, processor)
     start = time.time()  # --minutes counts stage 1 too
@@ -352,8 +314,9 @@ def train(args) -> dict[str, Any]:
         lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(elapsed / budget, 1.0)))  # cosine to 10% over the budget
         for group in opt.param_groups:
             group["lr"] = lr * group["mult"]
-        loss, dense = sft_step(args, model, ema, opt, head, tap, encode, tok, [next(stream) for _ in range(args.batch)],
-                               step)
+        loss, dense = sft_step(
+            args, model, ema, opt, head, tap, encode, tok, [next(stream) for _ in range(args.batch)], step
+        )
         step += 1
         run_loss.append(loss)
         run_dense += [dense] if dense else []
@@ -375,34 +338,55 @@ def score_model(model, processor, encode, task: str, recs: list[dict[str, Any]])
 def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", choices=TASKS, required=True)
-    p.add_argument("--out", default=None,
-                   help="save_pretrained folder of the best EMA model (default assets/shapes-vlm or assets/shapes-video)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="save_pretrained folder of the best EMA model (default assets/shapes-vlm or assets/shapes-video)",
+    )
     p.add_argument("--minutes", type=float, default=45.0, help="training wall-clock budget")
     p.add_argument("--eval-minutes", type=float, default=5.0, help="validation (and best-checkpoint) interval")
     p.add_argument("--val-n", type=int, default=96)
     p.add_argument("--test-n", type=int, default=300, help="test records for the final report (0: skip)")
-    p.add_argument("--ceiling", type=float, default=None,
-                   help="never keep a checkpoint whose val score is above this (leaves room for RL)")
-    p.add_argument("--pool", type=int, default=3000, help="grounding: training clips cycled (written once to the cache)")
+    p.add_argument(
+        "--ceiling",
+        type=float,
+        default=None,
+        help="never keep a checkpoint whose val score is above this (leaves room for RL)",
+    )
+    p.add_argument(
+        "--pool", type=int, default=3000, help="grounding: training clips cycled (written once to the cache)"
+    )
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--vision-lr-mult", type=float, default=1.0, help="the vision tower's lr / --lr")
-    p.add_argument("--dense-position", action="store_true",
-                   help="vqa with --dense-weight: the dense head also reads each token's row and column (dense.py)")
-    p.add_argument("--dense-weight", type=float, default=0.0,
-                   help="vqa: weight of the per-token colour/shape loss on the tower's tokens (mmgrpo_shapes/dense.py)")
-    p.add_argument("--tower-steps", type=int, default=0,
-                   help="vqa with --dense-weight: steps of stage 1, the vision tower alone on the dense targets")
+    p.add_argument(
+        "--dense-position",
+        action="store_true",
+        help="vqa with --dense-weight: the dense head also reads each token's row and column (dense.py)",
+    )
+    p.add_argument(
+        "--dense-weight",
+        type=float,
+        default=0.0,
+        help="vqa: weight of the per-token colour/shape loss on the tower's tokens (mmgrpo_shapes/dense.py)",
+    )
+    p.add_argument(
+        "--tower-steps",
+        type=int,
+        default=0,
+        help="vqa with --dense-weight: steps of stage 1, the vision tower alone on the dense targets",
+    )
     p.add_argument("--tower-batch", type=int, default=64, help="images per stage-1 step")
     p.add_argument("--tower-lr", type=float, default=3e-3, help="stage-1 AdamW learning rate")
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--ema", type=float, default=0.99)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--vision-dim", type=int, default=96)
-    p.add_argument("--vision-depth", type=int, default=3)
-    p.add_argument("--pixels", type=int, default=None,
-                   help="min = max pixels per image / frame (default 112*112 for vqa: 16 tokens; 56*56 for grounding)")
+    add_architecture_args(p)
+    p.add_argument(
+        "--pixels",
+        type=int,
+        default=None,
+        help="min = max pixels per image / frame (default 112*112 for vqa: 16 tokens; 56*56 for grounding)",
+    )
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
