@@ -4,14 +4,14 @@ Likelihood-free: no SDE transition is kept or scored. FlowPolicy reaches this on
 (objectives.FlowObjective, registered as "nft" in objectives.OBJECTIVES); importing it registers the "nft" loss.
 """
 
-from typing import Any
-
 import torch
 from torch import Tensor, nn
 
 from mmgrpo.losses import POLICY_LOSSES
 from mmgrpo.types import Rollout
 from pipelines.flow import plan as plans
+from pipelines.flow.models import FlowModel
+from pipelines.flow.objective_api import ObjectivePolicy
 from pipelines.flow.plan import PlanResult, RolloutPlan
 
 
@@ -160,7 +160,7 @@ class NFT:
     @torch.no_grad()
     def rollout(
         self,
-        policy: Any,
+        policy: ObjectivePolicy,
         plan: RolloutPlan,
         res: PlanResult,
         samples: list,
@@ -208,7 +208,7 @@ class NFT:
         )
 
     def logp(
-        self, policy: Any, model: nn.Module, rollout: Rollout, idx: Tensor, ks: slice
+        self, policy: ObjectivePolicy, model: nn.Module, rollout: Rollout, idx: Tensor, ks: slice
     ) -> tuple[Tensor, dict[str, Tensor]]:
         """No likelihood: zeros [n, k], and the "nft" loss's velocity, old_velocity, target and t in loss_kwargs."""
         ex = rollout.extras
@@ -223,11 +223,13 @@ class NFT:
         }
         return torch.zeros(t.shape, device=v.device), {"loss_kwargs": kw}
 
-    def ref_logp(self, policy: Any, rollout: Rollout, idx: Tensor) -> None:
+    def ref_logp(self, policy: ObjectivePolicy, rollout: Rollout, idx: Tensor) -> None:
         """None: DiffusionNFT's loss has no KL term, so no reference log-prob is computed."""
 
 
-def forward_velocity(flow_model: Any, module: nn.Module, x_t: Tensor, t: Tensor, cond: dict[str, Tensor]) -> Tensor:
+def forward_velocity(
+    flow_model: FlowModel, module: nn.Module, x_t: Tensor, t: Tensor, cond: dict[str, Tensor]
+) -> Tensor:
     """CFG-free velocity [n, k, ...] of `module` at forward-process points x_t [n, k, ...], t [n, k] through the
     FlowModel adapter `flow_model`; cond is per sample (repeated over the k points)."""
     n, k = t.shape

@@ -5,7 +5,7 @@ registers "guard_clipped" and "nft" in mmgrpo.losses.POLICY_LOSSES and both obje
 """
 
 import inspect
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -14,6 +14,7 @@ from mmgrpo.losses import POLICY_LOSSES, policy_loss
 from mmgrpo.registry import Registry
 from mmgrpo.types import Rollout
 from pipelines.flow.nft import NFT, nft, nft_loss, nft_optimality
+from pipelines.flow.objective_api import FlowObjective, ObjectivePolicy
 from pipelines.flow.plan import PlanResult, RolloutPlan
 from pipelines.flow.sde import step_std
 
@@ -22,6 +23,7 @@ __all__ = [
     "OBJECTIVES",
     "FlowObjective",
     "Likelihood",
+    "ObjectivePolicy",
     "guard_clipped",
     "guard_log_ratio",
     "guard_step_weights",
@@ -34,36 +36,6 @@ __all__ = [
 ]
 
 OBJECTIVES = Registry("flow objective")
-
-
-class FlowObjective(Protocol):
-    """What a flow policy trains on: the one interface FlowPolicy calls, so the policy never names an objective.
-
-    `policy` is the calling FlowPolicy (its sigmas, iteration, model adapter and transformer).
-    """
-
-    def trained(self, trained: Tensor) -> Tensor:
-        """[N, T] bool: which of the plan's transitions the rollout keeps, from the plan's choice `trained`."""
-
-    def rollout(
-        self,
-        policy: Any,
-        plan: RolloutPlan,
-        res: PlanResult,
-        samples: list,
-        cond: dict[str, Tensor],
-        group_size: int,
-        seeds: list[int],
-    ) -> Rollout:
-        """The Rollout of a run plan: reward samples plus this objective's training inputs in extras."""
-
-    def logp(
-        self, policy: Any, model: nn.Module, rollout: Rollout, idx: Tensor, ks: slice
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        """[n, k] log-probs through `model` and the aux dict (kl, loss_kwargs) the trainer reads."""
-
-    def ref_logp(self, policy: Any, rollout: Rollout, idx: Tensor) -> Tensor | None:
-        """[n, K] reference log-probs, or None when the objective has no KL term."""
 
 
 @OBJECTIVES.register("grpo", paper="arXiv:2505.05470")
@@ -79,7 +51,7 @@ class Likelihood:
 
     def rollout(
         self,
-        policy: Any,
+        policy: ObjectivePolicy,
         plan: RolloutPlan,
         res: PlanResult,
         samples: list,
@@ -90,11 +62,11 @@ class Likelihood:
         return policy.transition_rollout(plan, res, samples, cond, group_size)
 
     def logp(
-        self, policy: Any, model: nn.Module, rollout: Rollout, idx: Tensor, ks: slice
+        self, policy: ObjectivePolicy, model: nn.Module, rollout: Rollout, idx: Tensor, ks: slice
     ) -> tuple[Tensor, dict[str, Tensor]]:
         return policy.transition_logp(model, rollout, idx, ks)
 
-    def ref_logp(self, policy: Any, rollout: Rollout, idx: Tensor) -> Tensor | None:
+    def ref_logp(self, policy: ObjectivePolicy, rollout: Rollout, idx: Tensor) -> Tensor | None:
         return policy.transition_ref_logp(rollout, idx)
 
 
