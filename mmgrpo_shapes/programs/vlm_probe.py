@@ -5,7 +5,7 @@ the tower gets from one SFT batch, and the completion log-prob with real and bla
 Run: python -m mmgrpo_shapes.programs.vlm_probe assets/shapes-vlm
 """
 
-import sys
+import argparse
 
 import numpy as np
 import torch
@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> None:
     # lazy: transformers is heavy to import; only loading the probed model needs it
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    path = (argv or sys.argv[1:] or ["assets/shapes-vlm"])[0]
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", nargs="?", default="assets/shapes-vlm", help="a saved Qwen2-VL folder (shapes-vlm layout)")
+    path = p.parse_args(argv).model
     torch.set_num_threads(1)
     torch.manual_seed(0)
     processor = AutoProcessor.from_pretrained(path)
