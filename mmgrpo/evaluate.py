@@ -214,15 +214,33 @@ def evaluate_run(
     items = result.pop("items")
     try:
         root.mkdir(parents=True, exist_ok=True)
+        keep_previous(root, result["label"])
         if items:
             save_gallery(root / f"{result['label']}_samples", items)
         path = root / f"{result['label']}.json"
-        path.write_text(json.dumps(result, indent=1))
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(json.dumps(result, indent=1))
+        tmp.replace(path)  # atomic: a crash leaves the old result or the new one, never a cut file
     except OSError as err:
         raise UserError(
             f"cannot write the eval results under {str(root)!r} ({err.strerror}); pass a writable run.output_dir=DIR"
         ) from None
     return result, path
+
+
+def keep_previous(root: Path, label: str) -> Path | None:
+    """An earlier result of `label` (another `mmgrpo eval` of the same checkpoint, perhaps on more records) moves to
+    <label>.<n>.json and <label>.<n>_samples (n = 1, 2, ...): a re-evaluation never erases one. Returns its new path."""
+    old = root / f"{label}.json"
+    if not old.exists():
+        return None
+    n = 1
+    while (root / f"{label}.{n}.json").exists() or (root / f"{label}.{n}_samples").exists():
+        n += 1
+    samples = root / f"{label}_samples"
+    if samples.exists():
+        samples.rename(root / f"{label}.{n}_samples")
+    return old.rename(root / f"{label}.{n}.json")
 
 
 def format_table(table: dict[str, dict[str, float]]) -> str:

@@ -42,6 +42,8 @@ def load_evals(run_dir: Path) -> dict[str, dict[str, Any]]:
     d = Path(run_dir) / "eval"
     out = {}
     for p in sorted(d.glob("*.json")) if d.is_dir() else []:
+        if "." in p.stem:  # <label>.<n>.json: an earlier result kept by evaluate.keep_previous
+            continue
         try:
             out[p.stem] = json.loads(p.read_text())
         except ValueError:

@@ -183,3 +183,22 @@ def test_refresh_only_rewrites_an_existing_report(tmp_path):
     (tmp_path / "report.html").write_text("old")
     assert refresh_report(tmp_path).read_text().startswith("<!doctype html>")
     assert main([str(tmp_path / "missing")]) == 2
+
+
+def test_a_re_evaluation_keeps_the_earlier_result(tmp_path):
+    # a quick `mmgrpo eval ... limit=4` after a full eval of the same checkpoint must not erase the full one
+    from mmgrpo.evaluate import keep_previous
+    from mmgrpo.report import load_evals
+
+    root = tmp_path / "eval"
+    assert keep_previous(root, "base") is None  # nothing to keep yet
+    root.mkdir()
+    for n_records in (300, 4, 8):
+        kept = keep_previous(root, "base")
+        (root / "base.json").write_text(json.dumps({"records": n_records}))
+        (root / "base_samples").mkdir()
+        (root / "base_samples" / "items.json").write_text(str(n_records))
+    assert kept == root / "base.2.json"
+    assert [json.loads((root / f"base.{i}.json").read_text())["records"] for i in (1, 2)] == [300, 4]
+    assert (root / "base.1_samples" / "items.json").read_text() == "300"
+    assert load_evals(tmp_path) == {"base": {"records": 8}}  # the report reads the newest; the kept ones stay on disk
