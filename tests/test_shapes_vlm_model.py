@@ -59,11 +59,11 @@ POSITION_RECORD = {
 def test_position_thinks_in_the_token_grid_by_hand():
     from mmgrpo_shapes.vqa_think import position_think
 
-    # 4 x 4 visual tokens: column = floor(4 cx), row = floor(4 cy). Triangle cx 0.30 -> 1, square 0.80 -> 3; "above"
+    # colour and shape initials, then the cell of 4 x 4 visual tokens: column = floor(4 cx), row = floor(4 cy). Triangle cx 0.30 -> 1, square 0.80 -> 3; "above"
     # reads rows: triangle cy 0.74 -> 2, square 0.10 -> 0; the named order is kept, whatever the objects' order
-    assert position_think(POSITION_RECORD) == "x 1 3"
+    assert position_think(POSITION_RECORD) == "x yt1 bs3"
     above = POSITION_RECORD | {"prompt": "Is the blue square above the yellow triangle?"}
-    assert position_think(above) == "y 0 2"
+    assert position_think(above) == "y bs0 yt2"
     edge = {
         "prompt": "Is the red circle left of the blue square?",
         "objects": [
@@ -71,7 +71,7 @@ def test_position_thinks_in_the_token_grid_by_hand():
             {"shape": "square", "color": "blue", "cx": 1.0, "cy": 0.5, "size": 0.1},
         ],
     }
-    assert position_think(edge) == "x 0 3"  # cx = 1.0 clamps to the last column
+    assert position_think(edge) == "x rc0 bs3"  # cx = 1.0 clamps to the last column
 
 
 def test_collate_labels_only_the_completion():
