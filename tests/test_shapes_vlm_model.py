@@ -59,7 +59,8 @@ POSITION_RECORD = {
 def test_position_thinks_in_the_token_grid_by_hand():
     from mmgrpo_shapes.vqa_think import position_think
 
-    # colour and shape initials, then the cell of 4 x 4 visual tokens: column = floor(4 cx), row = floor(4 cy). Triangle cx 0.30 -> 1, square 0.80 -> 3; "above"
+    # colour and shape initials, then the cell of 4 x 4 visual tokens: column = floor(4 cx), row = floor(4 cy).
+    # Triangle cx 0.30 -> 1, square 0.80 -> 3; "above"
     # reads rows: triangle cy 0.74 -> 2, square 0.10 -> 0; the named order is kept, whatever the objects' order
     assert position_think(POSITION_RECORD) == "x yt1 bs3"
     above = POSITION_RECORD | {"prompt": "Is the blue square above the yellow triangle?"}
@@ -189,8 +190,8 @@ def test_video_pipeline_loads_the_shipped_model_by_path_with_the_pretraining_pro
 
 def test_vlm_accuracy_band_on_fixed_test_sample():
     # greedy answers to the first 48 balanced test questions (seed 0): the shipped 2026-11-27 model (85 min, position
-    # thinks in token cells; 0.803 on 300) scores 0.79 here; the image-blind level is ~0.33, and a model that stopped reading its
-    # image (the unbalanced-data model: 0.3125 here) fails the lower bound
+    # thinks in initials and token cells; 0.857 on 300) scores 0.83 here; the image-blind level is ~0.33, and a model
+    # that stopped reading its image (the unbalanced-data model: 0.3125 here) fails the lower bound
     processor, model = _load(VLM)
     table = P.evaluate(model, "vqa", "test", VQA_N, processor=processor)
     assert table["all"]["format"] >= 0.9
