@@ -9,10 +9,15 @@ read from the group at a fixed offset back.
 import re
 from typing import Any
 
+from mmgrpo_shapes.scenes import COLORS
+
 THINK = {"count": "Count them."}
 """the fixed think of QA types without a time line (direction and order think in one: `qa_line`)"""
 MOVE_MARKS = {"left": "<", "right": ">", "up": "^", "down": "v"}
 """direction's time line marks a group where the asked object moves with its direction's arrow"""
+COLOR_MARKS = {c: c[0] for c in COLORS}
+"""order's time line marks a group where only one of the two objects is on with its colour's initial"""
+assert len(set(COLOR_MARKS.values())) == len(COLORS), "order marks need distinct colour initials"
 GROUP_SECONDS = 0.5  # one temporal group (2 frames at 4 fps): the time step of grounding's think line
 
 
@@ -60,8 +65,11 @@ def qa_line(rec: dict[str, Any]) -> str:
     """Direction's and order's think, in grounding's time-line layout (same reading skill, one group per mark).
     Direction ("In which direction does the red circle move?"): "-" absent, "+" still, an arrow (`MOVE_MARKS`)
     while it moves, e.g. "0.0-0.5+1.0>1.5>2.0+2.5-...8.0" -> right. Order ("Which appears first / starts moving
-    first, the A or the B?"): "a" when only A is visible (moving), "b" only B, "=" both, "-" neither; the answer is
-    the object whose letter comes first."""
+    first, the A or the B?"): the initial of A's colour when only A is visible (moving), of B's when only B, "=" both,
+    "-" neither; the answer is the object whose initial comes first. Why colour initials, not "a"/"b" for the first
+    and second named: the model marked the right groups but swapped a and b (which name came first is one more
+    binding), while a colour initial is read straight from the group (colours are distinct within a clip, and
+    their initials are distinct: `COLOR_MARKS`)."""
     groups = round(rec["duration"] / GROUP_SECONDS)
     q = rec["question"]
     names = re.findall(r"the ((?:\w+) (?:circle|square|triangle))", q)
@@ -69,10 +77,11 @@ def qa_line(rec: dict[str, Any]) -> str:
         states = _states(rec["timeline"], names[0], groups)
         return _marks(rec["duration"], lambda g: MOVE_MARKS.get(states[g], "-" if states[g] == "absent" else "+"))
     a, b = (_states(rec["timeline"], n, groups) for n in names[:2])
+    ma, mb = (COLOR_MARKS[n.split()[0]] for n in names[:2])
     on = (lambda s: s != "absent") if "appears" in q else (lambda s: s not in ("absent", "still"))
     return _marks(
         rec["duration"],
-        lambda g: {(True, True): "=", (True, False): "a", (False, True): "b"}.get((on(a[g]), on(b[g])), "-"),
+        lambda g: {(True, True): "=", (True, False): ma, (False, True): mb}.get((on(a[g]), on(b[g])), "-"),
     )
 
 

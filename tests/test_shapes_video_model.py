@@ -204,11 +204,11 @@ def test_qa_lines_mark_each_group_by_hand():
     # circle: absent g0, g1; still g2, g3; up g4; still g5 (visible until frame 12 = group 6)
     assert VT.qa_line(rec) == "0.0-0.5-1.0+1.5+2.0^2.5+3.0"
     rec |= {"type": "order", "question": "Which appears first, the red circle or the yellow triangle?"}
-    # a = circle (named first), b = triangle: b alone in g0, g1, both after
-    assert VT.qa_line(rec) == "0.0b0.5b1.0=1.5=2.0=2.5=3.0"
+    # marks are colour initials: r = red circle, y = yellow triangle; the triangle alone in g0, g1, both after
+    assert VT.qa_line(rec) == "0.0y0.5y1.0=1.5=2.0=2.5=3.0"
     rec["question"] = "Which starts moving first, the yellow triangle or the red circle?"
     # moving: triangle g1, g2; circle g4
-    assert VT.qa_line(rec) == "0.0-0.5a1.0a1.5-2.0b2.5-3.0"
+    assert VT.qa_line(rec) == "0.0-0.5y1.0y1.5-2.0r2.5-3.0"
 
 
 def test_time_line_marks_the_span_by_group():
