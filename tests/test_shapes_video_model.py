@@ -4,6 +4,7 @@ and the check that fails when frames stop reaching the model: a fixed test sampl
 rollout (prefix sharing and the vision-feature cache on) with real and with blank frames."""
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -230,3 +231,40 @@ def test_direction_probe_separates_what_is_separable_and_not_noise():
     assert fit["test"] >= 0.8 and fit["n_test"] == 100  # measured 0.89; chance 0.25
     noise = torch.randint(0, 4, (400,), generator=g)  # labels unrelated to x: held-out accuracy near chance (0.25)
     assert probe(x[:300], noise[:300], x[300:], noise[300:])["test"] <= 0.45
+
+
+def test_key_tokens_weigh_more_by_hand():
+    # the answer-deciding tokens of a completion: order's initials and "=", direction's arrows, every answer token;
+    # the layout's digits, ".", "-", "+", the tags and <|im_end|> stay at 1
+    toks = ["<think>", "0", ".", "0", "r", "0", ".", "5", "=", "^", "+", "-", "</think>", "<answer>", "r", "Ġ", "c"]
+    toks += ["</answer>", "<|im_end|>"]
+    want = [1, 1, 1, 1, 4, 1, 1, 1, 4, 4, 1, 1, 1, 1, 4, 4, 4, 1, 1]
+    assert PV.key_token_weights(toks, 4.0).tolist() == want
+    assert PV.key_token_weights(toks, 1.0).tolist() == [1.0] * len(toks)
+
+
+def test_weighted_sft_loss_is_the_weighted_token_mean():
+    # two completions of 2 and 1 tokens after 1-token prompts, logits fixed: CE_t = logsumexp(z_t) - z_t[y_t];
+    # loss = sum_t w_t CE_t / sum_t w_t, worked in float64 below
+    class Fixed(torch.nn.Module):
+        def forward(self, input_ids, **_):
+            z = torch.tensor(
+                [
+                    [[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]],
+                    [[0.0, 0.0, 3.0], [1.0, 1.0, 1.0], [0.0, 0.0, 0.0]],
+                ],
+                dtype=torch.float64,
+            )  # [B=2, L=3, V=3]
+            return type("Out", (), {"logits": z})()
+
+    labels = torch.tensor([[-100, 0, 1], [-100, 2, -100]])  # [B, L]: completions at positions 1.. of each row
+    batch = [
+        {"input_ids": torch.zeros(1, 1), "weights": torch.tensor([1.0, 4.0])},
+        {"input_ids": torch.zeros(1, 1), "weights": torch.tensor([2.0])},
+    ]
+    # row 0: t=1 predicted from z[0,0] = (2,0,0), y=0: CE = ln(e^2+2) - 2; t=2 from z[0,1] = (0,1,0), y=1: ln(2+e) - 1
+    # row 1: t=1 from z[1,0] = (0,0,3), y=2: ln(2+e^3) - 3
+    ce = [math.log(math.e**2 + 2) - 2, math.log(2 + math.e) - 1, math.log(2 + math.e**3) - 3]
+    want = (1 * ce[0] + 4 * ce[1] + 2 * ce[2]) / 7
+    got = PV.weighted_sft_loss(Fixed(), {"input_ids": labels}, labels, batch)
+    assert float(got) == pytest.approx(want, rel=1e-6)  # the loss takes the logits in float32
