@@ -300,11 +300,8 @@ def train(args) -> dict[str, Any]:
     head = DenseHead(4, model.config.text_config.hidden_size)
     ema = copy.deepcopy(model).requires_grad_(False)
     opt = optimizer(model, head, args)
-    data = Examples(
-        processor,
-        set_records(args.pool_dir or pool_dir("train", args.pool, seed=args.seed), "train"),
-        key_weight=args.key_weight,
-    )
+    pool = args.pool_dir or pool_dir("train", args.pool, seed=args.seed)
+    data = Examples(processor, set_records(pool, "train"), key_weight=args.key_weight)
     val = pipeline_records("val", args.val_n, types=("grounding",), num_frames=NUM_FRAMES) + pipeline_records(
         "val", args.val_n, types=QA_TYPES, num_frames=NUM_FRAMES
     )
