@@ -173,20 +173,14 @@ def key_token_weights(tokens: list[str], key_weight: float) -> Tensor:
 def weighted_sft_loss(
     model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, batch: list[dict[str, Tensor]]
 ) -> Tensor:
-    """Weighted token mean of the completion cross-entropy: sum_t w_t CE_t / sum_t w_t (= sft_loss when every w_t = 1,
-    which takes sft_loss's own path)."""
+    """tiny_vlm.sft_loss weighted by each completion token's `weights` (the plain token mean when every one is 1)."""
     if all(bool((b["weights"] == 1).all()) for b in batch):
         return sft_loss(model, inputs, labels)
     w = torch.zeros(labels.shape)  # [B, L] aligned with labels: the completion's weights, 0 elsewhere
     for i, b in enumerate(batch):
         p = b["input_ids"].shape[1]
         w[i, p : p + len(b["weights"])] = b["weights"]
-    logits = model(**inputs).logits[:, :-1]  # [B, L-1, V]
-    ce = nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1), ignore_index=-100, reduction="none"
-    )  # [B * (L-1)]
-    w = w[:, 1:].reshape(-1)  # [B * (L-1)]
-    return (ce * w).sum() / w.sum()
+    return sft_loss(model, inputs, labels, w)
 
 
 def losses(model: nn.Module, head: DenseHead, batch: list[dict[str, Tensor]], pad_id: int) -> tuple[Tensor, Tensor]:

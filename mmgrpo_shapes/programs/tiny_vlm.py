@@ -116,13 +116,20 @@ def collate(batch: list[dict[str, Tensor]], pad_id: int) -> tuple[dict[str, Tens
     return inputs, labels
 
 
-def sft_loss(model: nn.Module, inputs: dict[str, Tensor], labels: Tensor) -> Tensor:
-    """Token-mean cross-entropy of the completion tokens: -mean_t log p(y_t | prompt, y_<t)."""
+def sft_loss(model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, weights: Tensor | None = None) -> Tensor:
+    """Token-mean cross-entropy of the completion tokens: -mean_t log p(y_t | prompt, y_<t); with `weights` [B, L]
+    (aligned with labels, 0 outside completions) the weighted mean sum_t w_t CE_t / sum_t w_t."""
     logits = model(**inputs).logits[:, :-1]  # [B, L-1, V]
     target = labels[:, 1:]  # [B, L-1]
-    return nn.functional.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1), ignore_index=-100
-    )
+    if weights is None:
+        return nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1), ignore_index=-100
+        )
+    ce = nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1), ignore_index=-100, reduction="none"
+    )  # [B * (L-1)]
+    w = weights[:, 1:].reshape(-1)  # [B * (L-1)]
+    return (ce * w).sum() / w.sum()
 
 
 # ----- evaluation
