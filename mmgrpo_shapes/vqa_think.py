@@ -4,6 +4,9 @@ type, and for position the two objects' token rows or columns (`position_think`)
 import re
 from typing import Any
 
+import torch
+from torch import Tensor
+
 THINK = {
     "count": "Count them.",
     "color": "Find it.",
@@ -33,3 +36,19 @@ def position_think(record: dict[str, Any]) -> str:
         obj = next(o for o in record["objects"] if o["color"] == color and o["shape"] == shape)
         cells.append(f"{color[0]}{shape[0]}{min(GRID - 1, int(obj[key] * GRID))}")
     return f"{axis} {' '.join(cells)}"
+
+
+def key_token_weights(tokens: list[str], key_weight: float) -> Tensor:
+    """[T] SFT loss weight of each completion token: `key_weight` for the tokens that decide the answer (every token
+    inside <answer>...</answer>, and the think's digits: position's cells), 1 elsewhere. Why: position's two cell
+    digits are 2 of ~25 tokens in a sixth of the questions, and teacher-forced the shipped model (2026-11-27) wrote
+    the first one right 38% of the time (chance 25%), the same imbalance the video model's arrows had until they
+    were weighted (pretrain_video.key_token_weights)."""
+    out, inside = [], False
+    for t in tokens:
+        if t in ("<answer>", "</answer>"):
+            inside = t == "<answer>"
+            out.append(1.0)
+            continue
+        out.append(key_weight if inside or t.isdigit() else 1.0)
+    return torch.tensor(out)

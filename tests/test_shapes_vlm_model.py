@@ -75,6 +75,38 @@ def test_position_thinks_in_the_token_grid_by_hand():
     assert position_think(edge) == "x rc0 bs3"  # cx = 1.0 clamps to the last column
 
 
+def test_key_tokens_of_a_vqa_completion_weigh_more_by_hand(tok):
+    from mmgrpo_shapes.vqa_think import key_token_weights
+
+    # position's cell digits and every answer token weigh `key_weight`; initials, spaces, tags and <|im_end|> stay at 1
+    ids = tok("<think>x yt1 bs3</think><answer>yes</answer><|im_end|>", add_special_tokens=False)["input_ids"]
+    toks = tok.convert_ids_to_tokens(ids)
+    assert toks[:6] == ["<think>", "x", "Ġ", "y", "t", "1"]  # the byte-level tokens the weights are read from
+    want = [1, 1, 1, 1, 1, 4, 1, 1, 1, 4, 1, 1, 4, 4, 4, 1, 1]
+    assert key_token_weights(toks, 4.0).tolist() == want
+    # the fixed thinks carry no digit: only the answer ("12" is two tokens) weighs more
+    toks = tok.convert_ids_to_tokens(
+        tok("<think>Count, sum.</think><answer>12</answer>", add_special_tokens=False)["input_ids"]
+    )
+    assert key_token_weights(toks, 3.0).tolist() == [1.0] * 14 + [3.0, 3.0, 1.0]
+
+
+def test_key_weight_one_keeps_the_plain_token_mean(tok):
+    # --key-weight 1 (the default) passes no weights, so sft_loss takes its unweighted path; 4 weighs the answer
+    from types import SimpleNamespace
+
+    batch = [
+        {
+            "input_ids": torch.zeros(1, 2),
+            "completion": torch.tensor(tok("<answer>no</answer>", add_special_tokens=False)["input_ids"]),
+        }
+    ]
+    labels = torch.full((1, 2 + len(batch[0]["completion"])), -100)  # [B, L]
+    assert P.key_weights(SimpleNamespace(task="vqa", key_weight=1.0), tok, batch, labels) is None
+    w = P.key_weights(SimpleNamespace(task="vqa", key_weight=4.0), tok, batch, labels)
+    assert w.tolist() == [[0.0, 0.0, 1.0, 4.0, 4.0, 1.0]]  # prompt 0, <answer> 1, "n" "o" 4, </answer> 1
+
+
 def test_collate_labels_only_the_completion():
     a = {
         "input_ids": torch.tensor([[5, 6, 7]]),

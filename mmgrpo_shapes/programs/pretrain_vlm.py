@@ -26,7 +26,7 @@ import rewards
 from mmgrpo_shapes.dense import TowerTap, batch_targets, log_losses, optimizer, stage_one
 from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, predict, sft_loss
 from mmgrpo_shapes.vqa import make_vqa, question_template, swap_images
-from mmgrpo_shapes.vqa_think import THINK, position_think
+from mmgrpo_shapes.vqa_think import THINK, key_token_weights, position_think
 from pipelines.video.build import FORMAT_INSTRUCTION as VIDEO_INSTRUCTION
 from pipelines.video.data import shapes_video_records
 from pipelines.vlm.build import FORMAT_INSTRUCTION as VQA_INSTRUCTION
@@ -247,14 +247,27 @@ def validate(
         save(ema, processor, Path(args.out), info)
 
 
+def key_weights(args, tok, batch: list[dict[str, Tensor]], labels: Tensor) -> Tensor | None:
+    """[B, L] loss weights aligned with `labels` (vqa_think.key_token_weights on each completion, 0 outside), or None
+    (the plain token mean) at --key-weight 1 or for grounding."""
+    if args.task != "vqa" or args.key_weight == 1.0:
+        return None
+    w = torch.zeros(labels.shape)  # [B, L]
+    for i, b in enumerate(batch):
+        p, ids = b["input_ids"].shape[1], b["completion"].tolist()
+        w[i, p : p + len(ids)] = key_token_weights(tok.convert_ids_to_tokens(ids), args.key_weight)
+    return w
+
+
 def sft_step(
     args, model: nn.Module, ema: nn.Module, opt, head, tap, encode, tok, recs: list[dict[str, Any]], step: int
 ) -> tuple[float, list[float] | None]:
     """One SFT update on `recs` (+ the dense loss on the same images with a head), then the EMA update. Returns the
     loss and, with a head, [dense loss, colour accuracy, shape accuracy] on the batch's object cells."""
     model.train()
-    inputs, labels = collate([example(args.task, encode, tok, r) for r in recs], tok.pad_token_id)
-    loss = sft_loss(model, inputs, labels)
+    batch = [example(args.task, encode, tok, r) for r in recs]
+    inputs, labels = collate(batch, tok.pad_token_id)
+    loss = sft_loss(model, inputs, labels, key_weights(args, tok, batch, labels))
     dense_log = None
     if head is not None:
         color, shape = batch_targets([r["objects"] for r in recs], tap.tokens.shape[0] // len(recs))
@@ -378,6 +391,12 @@ def parse_args(argv: list[str] | None = None):
     )
     p.add_argument("--tower-batch", type=int, default=64, help="images per stage-1 step")
     p.add_argument("--tower-lr", type=float, default=3e-3, help="stage-1 AdamW learning rate")
+    p.add_argument(
+        "--key-weight",
+        type=float,
+        default=1.0,
+        help="vqa: SFT loss weight of the answer tokens and the think's digits (vqa_think.key_token_weights)",
+    )
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--ema", type=float, default=0.99)
     add_architecture_args(p)
