@@ -1,6 +1,7 @@
 """Why a ShapesWorld VLM does or does not look: linear probes of its vision tower's tokens (colour and shape of the
 object centred in each cell), the attention mass the answer position puts on the image tokens, the gradient norm
-the tower gets from one SFT batch, and the completion log-prob with real and blank images (assets/README.md).
+the tower gets from one SFT batch, the completion log-prob with real and blank images, and how well position's cell
+digits are read (assets/README.md).
 
 Run: python -m mmgrpo_shapes.programs.vlm_probe assets/shapes-vlm
 """
@@ -97,6 +98,26 @@ def looking(model, processor, n: int = 64) -> dict[str, object]:
     }
 
 
+@torch.no_grad()
+def position_digits(model, processor, n: int = 120) -> dict[str, object]:
+    """Teacher-forced read of position's two cell digits ("x gt1 bs3"): per named object, the share of test
+    questions whose most likely digit (of 0-3) is the true cell, and the [4, 4] truth x prediction counts."""
+    tok, encode = processor.tokenizer, P.encoder("vqa", processor)
+    recs = [r for r in P.records("vqa", "test", 10 * n, seed=0) if r["category"] == "position"][:n]
+    digit_ids = [tok.convert_tokens_to_ids(str(d)) for d in range(4)]
+    counts = torch.zeros(2, 4, 4, dtype=torch.long)  # [object, truth, prediction]
+    for r in recs:
+        ex = P.example("vqa", encode, tok, r)
+        x, _ = P.collate([ex], tok.pad_token_id)
+        logits = model(**x).logits[0]  # [L, V]
+        start, toks = ex["input_ids"].shape[1], tok.convert_ids_to_tokens(ex["completion"].tolist())
+        cells = [j for j, t in enumerate(toks[: toks.index("</think>")]) if t.isdigit()]
+        for k, j in enumerate(cells[:2]):  # the logits at start + j - 1 predict completion token j
+            counts[k, int(toks[j]), int(logits[start + j - 1, digit_ids].argmax())] += 1
+    acc = [round(float(c.diagonal().sum() / c.sum()), 3) for c in counts]
+    return {"first, second object": acc, "n": len(recs), "truth x prediction": counts.tolist()}
+
+
 def main(argv: list[str] | None = None) -> None:
     # lazy: transformers is heavy to import; only loading the probed model needs it
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -110,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     model = AutoModelForImageTextToText.from_pretrained(path).eval()
     print("linear probes (held out):", probes(model, processor), flush=True)
     print(looking(model, processor), flush=True)
+    print("position's cell digits, teacher-forced:", position_digits(model, processor), flush=True)
 
 
 if __name__ == "__main__":
