@@ -25,7 +25,7 @@ from torch import Tensor, nn
 import rewards
 from mmgrpo_shapes.dense import TowerTap, batch_targets, log_losses, optimizer, stage_one
 from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, predict, sft_loss
-from mmgrpo_shapes.vqa import make_vqa, question_template, swap_images
+from mmgrpo_shapes.vqa import QUESTION_TYPES, make_vqa, question_template, swap_images
 from mmgrpo_shapes.vqa_think import THINK, key_token_weights, position_think
 from pipelines.video.build import FORMAT_INSTRUCTION as VIDEO_INSTRUCTION
 from pipelines.video.data import shapes_video_records
@@ -195,8 +195,9 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 
 
 # ----- training
-def train_stream(task: str, *, seed: int, chunk: int = 512, pool: int = 3000):
-    """Endless training records: fresh VQA chunks of the train split (new seed each), or a cycled pool of clips."""
+def train_stream(task: str, *, seed: int, chunk: int = 512, pool: int = 3000, types: tuple[str, ...] | None = None):
+    """Endless training records: fresh VQA chunks of the train split (new seed each; only question `types` if
+    given), or a cycled pool of clips."""
     if task == "grounding":
         recs = records(task, "train", pool, seed=seed)
         rng = random.Random(seed)
@@ -205,7 +206,9 @@ def train_stream(task: str, *, seed: int, chunk: int = 512, pool: int = 3000):
             yield from recs
     k = 0
     while True:
-        yield from records(task, "train", chunk, seed=1000 * (seed + 1) + k)
+        yield from (
+            r for r in records(task, "train", chunk, seed=1000 * (seed + 1) + k) if not types or r["category"] in types
+        )
         k += 1
 
 
@@ -302,7 +305,7 @@ def train(args) -> dict[str, Any]:
     tok = processor.tokenizer
     encode = encoder(args.task, processor)
     start = time.time()  # --minutes counts stage 1 too
-    stream = train_stream(args.task, seed=args.seed, pool=args.pool)
+    stream = train_stream(args.task, seed=args.seed, pool=args.pool, types=args.sft_types)
     head, tower_log = stage_one(args, model, processor, stream)  # the tower alone on the dense targets
     ema = copy.deepcopy(model).requires_grad_(False)
     tap = TowerTap(model) if head is not None else None  # after the copy: the EMA model carries no hook
@@ -391,6 +394,13 @@ def parse_args(argv: list[str] | None = None):
     )
     p.add_argument("--tower-batch", type=int, default=64, help="images per stage-1 step")
     p.add_argument("--tower-lr", type=float, default=3e-3, help="stage-1 AdamW learning rate")
+    p.add_argument(
+        "--sft-types",
+        nargs="+",
+        choices=QUESTION_TYPES,
+        default=None,
+        help="vqa: train only on these question types (default all); the others are left for RL to learn from reward",
+    )
     p.add_argument(
         "--key-weight",
         type=float,
