@@ -91,19 +91,13 @@ def test_key_tokens_of_a_vqa_completion_weigh_more_by_hand(tok):
     assert key_token_weights(toks, 3.0).tolist() == [1.0] * 14 + [3.0, 3.0, 1.0]
 
 
-def test_key_weight_one_keeps_the_plain_token_mean(tok):
-    # --key-weight 1 (the default) passes no weights, so sft_loss takes its unweighted path; 4 weighs the answer
-    from types import SimpleNamespace
+def test_batch_key_weights_align_with_the_labels(tok):
+    from mmgrpo_shapes.vqa_think import batch_key_weights
 
-    batch = [
-        {
-            "input_ids": torch.zeros(1, 2),
-            "completion": torch.tensor(tok("<answer>no</answer>", add_special_tokens=False)["input_ids"]),
-        }
-    ]
-    labels = torch.full((1, 2 + len(batch[0]["completion"])), -100)  # [B, L]
-    assert P.key_weights(SimpleNamespace(task="vqa", key_weight=1.0), tok, batch, labels) is None
-    w = P.key_weights(SimpleNamespace(task="vqa", key_weight=4.0), tok, batch, labels)
+    ids = tok("<answer>no</answer>", add_special_tokens=False)["input_ids"]
+    batch = [{"input_ids": torch.zeros(1, 2), "completion": torch.tensor(ids)}]
+    labels = torch.full((1, 2 + len(ids)), -100)  # [B, L]
+    w = batch_key_weights(tok, batch, labels, 4.0)
     assert w.tolist() == [[0.0, 0.0, 1.0, 4.0, 4.0, 1.0]]  # prompt 0, <answer> 1, "n" "o" 4, </answer> 1
 
 

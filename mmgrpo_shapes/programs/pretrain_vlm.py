@@ -26,7 +26,7 @@ import rewards
 from mmgrpo_shapes.dense import TowerTap, batch_targets, log_losses, optimizer, stage_one
 from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, predict, sft_loss
 from mmgrpo_shapes.vqa import QUESTION_TYPES, make_vqa, question_template, swap_images
-from mmgrpo_shapes.vqa_think import THINK, key_token_weights, position_think
+from mmgrpo_shapes.vqa_think import THINK, batch_key_weights, position_think
 from pipelines.video.build import FORMAT_INSTRUCTION as VIDEO_INSTRUCTION
 from pipelines.video.data import shapes_video_records
 from pipelines.vlm.build import FORMAT_INSTRUCTION as VQA_INSTRUCTION
@@ -250,18 +250,6 @@ def validate(
         save(ema, processor, Path(args.out), info)
 
 
-def key_weights(args, tok, batch: list[dict[str, Tensor]], labels: Tensor) -> Tensor | None:
-    """[B, L] loss weights aligned with `labels` (vqa_think.key_token_weights on each completion, 0 outside), or None
-    (the plain token mean) at --key-weight 1 or for grounding."""
-    if args.task != "vqa" or args.key_weight == 1.0:
-        return None
-    w = torch.zeros(labels.shape)  # [B, L]
-    for i, b in enumerate(batch):
-        p, ids = b["input_ids"].shape[1], b["completion"].tolist()
-        w[i, p : p + len(ids)] = key_token_weights(tok.convert_ids_to_tokens(ids), args.key_weight)
-    return w
-
-
 def sft_step(
     args, model: nn.Module, ema: nn.Module, opt, head, tap, encode, tok, recs: list[dict[str, Any]], step: int
 ) -> tuple[float, list[float] | None]:
@@ -270,7 +258,10 @@ def sft_step(
     model.train()
     batch = [example(args.task, encode, tok, r) for r in recs]
     inputs, labels = collate(batch, tok.pad_token_id)
-    loss = sft_loss(model, inputs, labels, key_weights(args, tok, batch, labels))
+    weighted = args.task == "vqa" and args.key_weight != 1.0  # else the plain token mean
+    loss = sft_loss(
+        model, inputs, labels, batch_key_weights(tok, batch, labels, args.key_weight) if weighted else None
+    )
     dense_log = None
     if head is not None:
         color, shape = batch_targets([r["objects"] for r in recs], tap.tokens.shape[0] // len(recs))
@@ -351,30 +342,8 @@ def score_model(model, processor, encode, task: str, recs: list[dict[str, Any]])
     return score(task, texts, recs)
 
 
-def parse_args(argv: list[str] | None = None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", choices=TASKS, required=True)
-    p.add_argument(
-        "--out",
-        default=None,
-        help="save_pretrained folder of the best EMA model (default assets/shapes-vlm or assets/shapes-video)",
-    )
-    p.add_argument("--minutes", type=float, default=45.0, help="training wall-clock budget")
-    p.add_argument("--eval-minutes", type=float, default=5.0, help="validation (and best-checkpoint) interval")
-    p.add_argument("--val-n", type=int, default=96)
-    p.add_argument("--test-n", type=int, default=300, help="test records for the final report (0: skip)")
-    p.add_argument(
-        "--ceiling",
-        type=float,
-        default=None,
-        help="never keep a checkpoint whose val score is above this (leaves room for RL)",
-    )
-    p.add_argument(
-        "--pool", type=int, default=3000, help="grounding: training clips cycled (written once to the cache)"
-    )
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--vision-lr-mult", type=float, default=1.0, help="the vision tower's lr / --lr")
+def add_vqa_args(p) -> None:
+    """The VQA-only flags: the dense tower targets (stage 1 and the joint loss), the SFT question types, the key weight."""
     p.add_argument(
         "--dense-position",
         action="store_true",
@@ -407,6 +376,33 @@ def parse_args(argv: list[str] | None = None):
         default=1.0,
         help="vqa: SFT loss weight of the answer tokens and the think's digits (vqa_think.key_token_weights)",
     )
+
+
+def parse_args(argv: list[str] | None = None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", choices=TASKS, required=True)
+    p.add_argument(
+        "--out",
+        default=None,
+        help="save_pretrained folder of the best EMA model (default assets/shapes-vlm or assets/shapes-video)",
+    )
+    p.add_argument("--minutes", type=float, default=45.0, help="training wall-clock budget")
+    p.add_argument("--eval-minutes", type=float, default=5.0, help="validation (and best-checkpoint) interval")
+    p.add_argument("--val-n", type=int, default=96)
+    p.add_argument("--test-n", type=int, default=300, help="test records for the final report (0: skip)")
+    p.add_argument(
+        "--ceiling",
+        type=float,
+        default=None,
+        help="never keep a checkpoint whose val score is above this (leaves room for RL)",
+    )
+    p.add_argument(
+        "--pool", type=int, default=3000, help="grounding: training clips cycled (written once to the cache)"
+    )
+    p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--vision-lr-mult", type=float, default=1.0, help="the vision tower's lr / --lr")
+    add_vqa_args(p)
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--ema", type=float, default=0.99)
     add_architecture_args(p)
