@@ -52,13 +52,3 @@ def key_token_weights(tokens: list[str], key_weight: float) -> Tensor:
             continue
         out.append(key_weight if inside or t.isdigit() else 1.0)
     return torch.tensor(out)
-
-
-def batch_key_weights(tok, batch: list[dict[str, Tensor]], labels: Tensor, key_weight: float) -> Tensor:
-    """[B, L] SFT loss weights aligned with `labels`: `key_token_weights` on each example's completion (which starts
-    after its `input_ids`), 0 outside the completions."""
-    w = torch.zeros(labels.shape)  # [B, L]
-    for i, b in enumerate(batch):
-        p, ids = b["input_ids"].shape[1], b["completion"].tolist()
-        w[i, p : p + len(ids)] = key_token_weights(tok.convert_ids_to_tokens(ids), key_weight)
-    return w

@@ -91,14 +91,20 @@ def test_key_tokens_of_a_vqa_completion_weigh_more_by_hand(tok):
     assert key_token_weights(toks, 3.0).tolist() == [1.0] * 14 + [3.0, 3.0, 1.0]
 
 
-def test_batch_key_weights_align_with_the_labels(tok):
-    from mmgrpo_shapes.vqa_think import batch_key_weights
+def test_key_weights_align_with_the_labels(tok, monkeypatch):
+    # pretrain_vlm.sft_step hands each example's key_token_weights to tiny_vlm.weighted_sft_loss, which lays them
+    # after the example's prompt: prompt 0, <answer> 1, "n" "o" 4, </answer> 1
+    from mmgrpo_shapes.programs import tiny_vlm
+    from mmgrpo_shapes.vqa_think import key_token_weights
 
     ids = tok("<answer>no</answer>", add_special_tokens=False)["input_ids"]
     batch = [{"input_ids": torch.zeros(1, 2), "completion": torch.tensor(ids)}]
+    batch[0]["weights"] = key_token_weights(tok.convert_ids_to_tokens(ids), 4.0)
     labels = torch.full((1, 2 + len(ids)), -100)  # [B, L]
-    w = batch_key_weights(tok, batch, labels, 4.0)
-    assert w.tolist() == [[0.0, 0.0, 1.0, 4.0, 4.0, 1.0]]  # prompt 0, <answer> 1, "n" "o" 4, </answer> 1
+    seen = []
+    monkeypatch.setattr(tiny_vlm, "sft_loss", lambda model, inputs, labels, w=None: seen.append(w))
+    tiny_vlm.weighted_sft_loss(None, {}, labels, batch)
+    assert seen[0].tolist() == [[0.0, 0.0, 1.0, 4.0, 4.0, 1.0]]
 
 
 def test_collate_labels_only_the_completion():

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, sft_loss
+from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, weighted_sft_loss
 from mmgrpo_shapes.programs.video_eval import NUM_FRAMES, blind_baselines, evaluate, format_table
 from mmgrpo_shapes.programs.video_probe import (
     blank_video,
@@ -168,19 +168,6 @@ def key_token_weights(tokens: list[str], key_weight: float) -> Tensor:
             continue
         out.append(key_weight if inside or (think and t not in KEY_PLAIN) else 1.0)
     return torch.tensor(out)
-
-
-def weighted_sft_loss(
-    model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, batch: list[dict[str, Tensor]]
-) -> Tensor:
-    """tiny_vlm.sft_loss weighted by each completion token's `weights` (the plain token mean when every one is 1)."""
-    if all(bool((b["weights"] == 1).all()) for b in batch):
-        return sft_loss(model, inputs, labels)
-    w = torch.zeros(labels.shape)  # [B, L] aligned with labels: the completion's weights, 0 elsewhere
-    for i, b in enumerate(batch):
-        p = b["input_ids"].shape[1]
-        w[i, p : p + len(b["weights"])] = b["weights"]
-    return sft_loss(model, inputs, labels, w)
 
 
 def losses(model: nn.Module, head: DenseHead, batch: list[dict[str, Tensor]], pad_id: int) -> tuple[Tensor, Tensor]:

@@ -24,9 +24,9 @@ from torch import Tensor, nn
 
 import rewards
 from mmgrpo_shapes.dense import TowerTap, batch_targets, log_losses, optimizer, stage_one
-from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, predict, sft_loss
+from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, predict, weighted_sft_loss
 from mmgrpo_shapes.vqa import QUESTION_TYPES, make_vqa, question_template, swap_images
-from mmgrpo_shapes.vqa_think import THINK, batch_key_weights, position_think
+from mmgrpo_shapes.vqa_think import THINK, key_token_weights, position_think
 from pipelines.video.build import FORMAT_INSTRUCTION as VIDEO_INSTRUCTION
 from pipelines.video.data import shapes_video_records
 from pipelines.vlm.build import FORMAT_INSTRUCTION as VQA_INSTRUCTION
@@ -257,11 +257,11 @@ def sft_step(
     loss and, with a head, [dense loss, colour accuracy, shape accuracy] on the batch's object cells."""
     model.train()
     batch = [example(args.task, encode, tok, r) for r in recs]
+    if args.task == "vqa" and args.key_weight != 1.0:
+        for b in batch:
+            b["weights"] = key_token_weights(tok.convert_ids_to_tokens(b["completion"].tolist()), args.key_weight)
     inputs, labels = collate(batch, tok.pad_token_id)
-    weighted = args.task == "vqa" and args.key_weight != 1.0  # else the plain token mean
-    loss = sft_loss(
-        model, inputs, labels, batch_key_weights(tok, batch, labels, args.key_weight) if weighted else None
-    )
+    loss = weighted_sft_loss(model, inputs, labels, batch)
     dense_log = None
     if head is not None:
         color, shape = batch_targets([r["objects"] for r in recs], tap.tokens.shape[0] // len(recs))

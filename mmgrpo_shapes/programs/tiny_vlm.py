@@ -132,6 +132,21 @@ def sft_loss(model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, weight
     return (ce * w).sum() / w.sum()
 
 
+def weighted_sft_loss(
+    model: nn.Module, inputs: dict[str, Tensor], labels: Tensor, batch: list[dict[str, Tensor]]
+) -> Tensor:
+    """`sft_loss` weighted by each example's per-completion-token `weights` [T] (aligned after its `input_ids`); the
+    plain token mean when an example has none or every weight is 1."""
+    if all("weights" not in b or bool((b["weights"] == 1).all()) for b in batch):
+        return sft_loss(model, inputs, labels)
+    w = torch.zeros(labels.shape)  # [B, L] aligned with labels: the completion's weights, 0 elsewhere
+    for i, b in enumerate(batch):
+        done = b["weights"] if "weights" in b else torch.ones(len(b["completion"]))  # [T]
+        p = b["input_ids"].shape[1]
+        w[i, p : p + len(done)] = done
+    return sft_loss(model, inputs, labels, w)
+
+
 # ----- evaluation
 @torch.no_grad()
 def predict(model: nn.Module, encode, tok, recs: list[dict[str, Any]], *, max_new_tokens: int) -> list[str]:
