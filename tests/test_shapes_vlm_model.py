@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from mmgrpo_shapes.programs import pretrain_vlm as P
+from mmgrpo_shapes.programs.tiny_vlm import sft_loss
 from mmgrpo_shapes.vqa import QUESTION_TYPES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,7 +151,7 @@ def test_sft_loss_is_token_mean_cross_entropy_of_the_completion():
     labels = torch.tensor([[-100, 1, 0]])
     # p(1 | pos 0) = 3 / (1 + 3) = 0.75; p(0 | pos 1) = 4 / (4 + 1) = 0.8; position 2's logits are never used
     expected = -(math.log(0.75) + math.log(0.8)) / 2  # = 0.25541...
-    got = P.sft_loss(_Logits(logits), {}, labels)
+    got = sft_loss(_Logits(logits), {}, labels)
     assert got.item() == pytest.approx(expected, abs=1e-6)
 
 
@@ -161,7 +162,7 @@ def test_built_model_is_a_qwen2_vl_with_16_visual_tokens_per_image():
     enc = P.encoder("vqa", processor)(rec)
     n_image = int((enc["input_ids"] == model.config.image_token_id).sum())
     assert n_image == 16  # 32 px -> 112 x 112: 8 x 8 patches of 14 px, merged 2 x 2
-    loss = P.sft_loss(
+    loss = sft_loss(
         model,
         *P.collate(
             [P.example("vqa", P.encoder("vqa", processor), processor.tokenizer, rec)], processor.tokenizer.pad_token_id

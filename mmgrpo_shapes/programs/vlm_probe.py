@@ -14,6 +14,7 @@ from torch import Tensor
 
 from mmgrpo_shapes.dense import cell_targets, tower_tokens
 from mmgrpo_shapes.programs import pretrain_vlm as P
+from mmgrpo_shapes.programs.tiny_vlm import sft_loss
 from mmgrpo_shapes.scenes import BACKGROUND, SHAPES, random_scene
 
 
@@ -76,7 +77,7 @@ def looking(model, processor, n: int = 64) -> dict[str, object]:
     uniform = float(np.mean([16 / (int((inputs["input_ids"][i] == answer).nonzero()[0, 0]) + 1) for i in range(n)]))
     model.train()
     model.zero_grad()
-    P.sft_loss(model, inputs, labels).backward()
+    sft_loss(model, inputs, labels).backward()
     vis = [p for name, p in model.named_parameters() if "visual" in name]
     rest = [p for name, p in model.named_parameters() if "visual" not in name and p.grad is not None]
     norm = {k: float(torch.cat([p.grad.reshape(-1) for p in v]).norm()) for k, v in (("tower", vis), ("rest", rest))}
