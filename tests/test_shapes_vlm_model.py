@@ -248,3 +248,22 @@ def test_cli_pretrain_names_its_choices_and_dispatches_to_a_main(capsys):
         assert callable(importlib.import_module(module).main)
     args = P.parse_args(["--task", "grounding"])
     assert (args.out, args.pixels) == ("assets/shapes-video", 56 * 56)  # the shipped video model's settings
+
+
+def test_train_stream_keeps_only_sft_types_and_blanks_blank_types():
+    """--sft-types filters the stream; --blank-types puts those types on the background colour with no objects (so
+    the dense targets match the canvas), leaving every other record's pixels as make_vqa drew them."""
+    import itertools
+
+    import numpy as np
+
+    from mmgrpo_shapes.vqa import BACKGROUND
+
+    stream = P.train_stream("vqa", seed=3, chunk=64, types=("color", "existence"), blank=("existence",))
+    recs = list(itertools.islice(stream, 40))
+    assert {r["category"] for r in recs} == {"color", "existence"}
+    for r in recs:
+        img = np.asarray(r["image"])
+        blank = bool((img == np.asarray(BACKGROUND, dtype=img.dtype)).all())
+        assert blank == (r["category"] == "existence")
+        assert (r["objects"] == []) == (r["category"] == "existence")

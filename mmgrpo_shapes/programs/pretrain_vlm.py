@@ -152,11 +152,6 @@ def evaluate(
     return score(task, texts, recs)
 
 
-def _template(question: str) -> str:
-    """The question with colour and shape words masked: what a model that ignores the pixels can condition on."""
-    return question_template(question)
-
-
 def blind_baseline(
     task: str, split: str = "test", n: int = 300, *, n_train: int = 3000, by: str = "template"
 ) -> dict[str, dict]:
@@ -165,7 +160,7 @@ def blind_baseline(
     span on a 0.25 s grid with the highest mean IoU (grounding)."""
 
     def key(r: dict[str, Any]) -> str:
-        return _template(r["prompt"]) if by == "template" else str(r.get("category"))
+        return question_template(r["prompt"]) if by == "template" else str(r.get("category"))
 
     train_by = defaultdict(list)
     for r in records(task, "train", n_train, seed=0):
@@ -195,9 +190,9 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 
 
 # ----- training
-def train_stream(task: str, *, seed: int, chunk: int = 512, pool: int = 3000, types: tuple[str, ...] | None = None):
+def train_stream(task: str, *, seed: int, chunk: int = 512, pool: int = 3000, types=None, blank=()):
     """Endless training records: fresh VQA chunks of the train split (new seed each; only question `types` if
-    given), or a cycled pool of clips."""
+    given; the `blank` types on a blank canvas with no objects), or a cycled pool of clips."""
     if task == "grounding":
         recs = records(task, "train", pool, seed=seed)
         rng = random.Random(seed)
@@ -206,9 +201,11 @@ def train_stream(task: str, *, seed: int, chunk: int = 512, pool: int = 3000, ty
             yield from recs
     k = 0
     while True:
-        yield from (
-            r for r in records(task, "train", chunk, seed=1000 * (seed + 1) + k) if not types or r["category"] in types
-        )
+        for r in records(task, "train", chunk, seed=1000 * (seed + 1) + k):
+            if r["category"] in (blank or ()):  # the format and the answer prior, nothing to read from the pixels
+                r = dict(swap_images([r], "blank")[0], objects=[])
+            if not types or r["category"] in types:
+                yield r
         k += 1
 
 
@@ -296,7 +293,7 @@ def train(args) -> dict[str, Any]:
     tok = processor.tokenizer
     encode = encoder(args.task, processor)
     start = time.time()  # --minutes counts stage 1 too
-    stream = train_stream(args.task, seed=args.seed, pool=args.pool, types=args.sft_types)
+    stream = train_stream(args.task, seed=args.seed, pool=args.pool, types=args.sft_types, blank=args.blank_types)
     head, tower_log = stage_one(args, model, processor, stream)  # the tower alone on the dense targets
     ema = copy.deepcopy(model).requires_grad_(False)
     tap = TowerTap(model) if head is not None else None  # after the copy: the EMA model carries no hook
@@ -369,6 +366,13 @@ def add_vqa_args(p) -> None:
         choices=QUESTION_TYPES,
         default=None,
         help="vqa: train only on these question types (default all); the others are left for RL to learn from reward",
+    )
+    p.add_argument(
+        "--blank-types",
+        nargs="+",
+        choices=QUESTION_TYPES,
+        default=(),
+        help="vqa: these question types on blank images (the base learns their format and answer prior, not to read)",
     )
     p.add_argument(
         "--key-weight",

@@ -10,11 +10,11 @@ import numpy as np
 from torch import nn
 
 import rewards
-from mmgrpo_shapes.programs.pretrain_vlm import _template
 from mmgrpo_shapes.programs.tiny_vlm import predict
 from mmgrpo_shapes.programs.video_probe import condition_records, frame_encoder
 from mmgrpo_shapes.video import VIDEO_TYPES
 from mmgrpo_shapes.video_think import target_text
+from mmgrpo_shapes.vqa import question_template
 
 NUM_FRAMES = 32
 """frames per clip and frames sampled (configs/video: shapes_frames = num_frames = 32)"""
@@ -75,7 +75,7 @@ def blind_baselines(train: list[dict[str, Any]], recs: list[dict[str, Any]]) -> 
 
     def template(r):
         return (
-            _template(r["question"])
+            question_template(r["question"])
             if r["type"] != "grounding"
             else ("move" if "move" in r["question"] else "visible")
         )

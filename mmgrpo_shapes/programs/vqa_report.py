@@ -8,15 +8,15 @@ import argparse
 
 import torch
 
-from mmgrpo_shapes.programs.pretrain_vlm import _template, blind_baseline, evaluate, records
-from mmgrpo_shapes.vqa import TEMPLATE_ANSWERS
+from mmgrpo_shapes.programs.pretrain_vlm import blind_baseline, evaluate, records
+from mmgrpo_shapes.vqa import TEMPLATE_ANSWERS, question_template
 
 
 def vqa_chance(split: str = "test", n: int = 300) -> dict[str, float]:
     """Per question type (and "all"), the mean over records of 1 / (number of answers of the record's template):
     the accuracy of guessing uniformly, which balanced data makes the best any image-blind predictor can expect."""
     recs = records("vqa", split, n, seed=0)
-    inv = [1 / len(TEMPLATE_ANSWERS[r["category"]][_template(r["prompt"])]) for r in recs]
+    inv = [1 / len(TEMPLATE_ANSWERS[r["category"]][question_template(r["prompt"])]) for r in recs]
     out = {"all": sum(inv) / len(inv)}
     for cat in sorted({r["category"] for r in recs}):
         vals = [v for v, r in zip(inv, recs) if r["category"] == cat]
