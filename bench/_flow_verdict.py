@@ -4,7 +4,7 @@ stands in the way of each target, and the performance table's flow rows. Moved o
 Not a bench script itself: run_all skips names starting with "_".
 """
 
-from bench._flow_arms import BASE, TARGETS, WINDOW_ARMS, change, delta, max_z
+from bench._flow_arms import BASE, NFT, TARGETS, WINDOW_ARMS, change, delta, max_z
 
 
 def resolved(curve: list, metric: str) -> bool:
@@ -108,17 +108,8 @@ def verdict(tree: dict, extra: dict, wextra: dict) -> str:
 def summary_rows(tree: dict, wextra: dict, g: int, steps: int, budget: float) -> list[tuple[str, str, str]]:
     """The performance table's flow rows: (comparison, measured, target)."""
     t, tp = tree["pairs"]["tree"], tree["pairs"]["tree, pruned"]
-    w, sl, wf, curves = "window (MixGRPO)", wextra["slopes"], wextra["figs"], wextra["curves"]
-    parts = []
-    for m in ("partial", "strict"):
-        a, b = sl[BASE][m], sl[w][m]
-        parts.append(
-            f"{m} accuracy {b / a:.2f}x"
-            if a > 0
-            else f"{m}: window {change(curves[w], m)} points, all-step {change(curves[BASE], m)} (no ratio)"
-        )
-        if a > 0 and not resolved(curves[BASE], m):
-            parts[-1] += f" (all-step's change {change(curves[BASE], m)} points is noise: not a stable ratio)"
+    w, wf = "window (MixGRPO)", wextra["figs"]
+    parts = _gain_ratios(wextra, w, "window")
     parts.append(f"iterations {wf[BASE]['seconds'] / wf[w]['seconds']:.2f}x faster")
     tree_cmp = (
         f"flow: BranchGRPO tree vs independent rollouts, seconds per iteration (ShapesWorld recipe, {steps} "
@@ -132,4 +123,26 @@ def summary_rows(tree: dict, wextra: dict, g: int, steps: int, budget: float) ->
         f"flow: MixGRPO window (same-noise groups) vs all-step training, reward gain per second (ShapesWorld "
         f"recipe, {budget:.0f} s per arm, 1 seed)"
     )
-    return [(tree_cmp, tree_val, ">= 3x, equal or better gain per iteration"), (win_cmp, "; ".join(parts), ">= 2x")]
+    rows = [(tree_cmp, tree_val, ">= 3x, equal or better gain per iteration"), (win_cmp, "; ".join(parts), ">= 2x")]
+    if NFT in wextra["slopes"]:
+        nft_cmp = f"flow: DiffusionNFT vs all-step Flow-GRPO, reward gain per second (ShapesWorld recipe, {budget:.0f} s per arm, 1 seed)"
+        nft_val = "; ".join(
+            _gain_ratios(wextra, NFT, "NFT") + [f"iterations {wf[BASE]['seconds'] / wf[NFT]['seconds']:.2f}x faster"]
+        )
+        rows.append((nft_cmp, nft_val, f">= {TARGETS['nft']:.0f}x"))
+    return rows
+
+
+def _gain_ratios(wextra: dict, arm: str, label: str) -> list[str]:
+    """Per accuracy, the arm's gain per second over all-step's, or both changes when all-step did not gain."""
+    sl, curves, parts = wextra["slopes"], wextra["curves"], []
+    for m in ("partial", "strict"):
+        a, b = sl[BASE][m], sl[arm][m]
+        parts.append(
+            f"{m} accuracy {b / a:.2f}x"
+            if a > 0
+            else f"{m}: {label} {change(curves[arm], m)} points, all-step {change(curves[BASE], m)} (no ratio)"
+        )
+        if a > 0 and not resolved(curves[BASE], m):
+            parts[-1] += f" (all-step's change {change(curves[BASE], m)} points is noise: not a stable ratio)"
+    return parts

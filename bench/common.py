@@ -27,6 +27,7 @@ ORDER = (
     "flow",
     "flow_window_long",
     "flow_window_long_constant_lr",
+    "flow_nft_long",
     "vlm_prefix",
     "vlm_vs_trl",
     "vlm",

@@ -91,12 +91,12 @@ def bench_tree(base: dict, setting: dict, tmp: Path, evaluator: Evaluator, base_
 
 
 def bench_window(base: dict, setting: dict, tmp: Path, evaluator: Evaluator, base_acc: dict, budget: float) -> dict:
-    """Fresh all-step, window and fast arms, interleaved (always the one with the least training time next, so load
+    """Fresh all-step, window, fast and DiffusionNFT arms, interleaved (always the one with the least training time next, so load
     hits all alike) until each spent `budget` seconds, evaluated at half and full budget; gain per second = slope of
     accuracy on training seconds."""
     arms = {}
     for i, (n, spec) in enumerate(WINDOW_ARMS.items()):
-        plan, kw, extra = spec if spec is not None else (None, None, None)
+        plan, kw, extra, algo = (*spec, None)[:4] if spec is not None else (None, None, None, None)
         arms[n] = Arm(
             n,
             make_run(
@@ -107,6 +107,7 @@ def bench_window(base: dict, setting: dict, tmp: Path, evaluator: Evaluator, bas
                 setting=setting,
                 seed=setting["seed"],
                 pipeline_kwargs=extra,
+                algo=algo,
             ),
         )
         arms[n].curve.append((0.0, 0, base_acc))

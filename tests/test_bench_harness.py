@@ -246,3 +246,32 @@ def test_unique_transitions_of_a_binary_tree():
     assert unique_transitions(plan, list(range(8)), prompts=1) == 24
     # model calls are counted before each split: 1 + 3*2 + 2 + 3*4 + 4 + 3*8 + 8 + 3*16 = 105
     assert count_nfe(plan, 1) == 105
+
+
+def test_flow_bench_nft_arm_builds_a_diffusionnft_run_with_its_target(tmp_path):
+    """Part (b)'s DiffusionNFT arm reaches the run as objective nft + loss nft on the recipe's model (make_run's algo
+    overrides), and the report names issue 15's 5x target for it, issue 9's 2x for the window."""
+    import yaml
+
+    from bench._flow_arms import NFT, NFT_ARM, WINDOW_ARMS, make_run
+    from bench._flow_report import _target
+    from bench.flow import RECIPE
+
+    assert WINDOW_ARMS[NFT] == NFT_ARM
+    plan, plan_kwargs, extra, algo = NFT_ARM
+    base = yaml.safe_load(RECIPE.read_text())
+    run = make_run(
+        tmp_path / "nft",
+        base,
+        plan=plan,
+        plan_kwargs=plan_kwargs,
+        setting={"prompts_per_iter": 2, "k_chunk": 1},
+        seed=0,
+        pipeline_kwargs=extra,
+        algo=algo,
+    )
+    written = yaml.safe_load((tmp_path / "nft" / "bench.yaml").read_text())
+    assert written["algo"]["loss"] == "nft" and written["pipeline"]["kwargs"]["objective"] == "nft"
+    assert written["algo"]["advantage"] == base["algo"]["advantage"]  # the rest of the recipe's algo is kept
+    assert type(run.policy.objective).__name__ == "NFT"
+    assert (_target(NFT), _target("window (MixGRPO)"), _target("tree")) == (">= 5x", ">= 2x", "(variant)")
