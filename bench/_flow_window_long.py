@@ -20,6 +20,7 @@ import yaml
 
 from bench import flow
 from bench._flow_arms import NFT, Evaluator, change, gain, make_run, val_spec
+from bench._flow_verdict import resolved
 from bench.common import machine, md_table, now_utc, quiet_process, write_section, write_summary
 from pipelines.flow.build import shapes_prompts
 
@@ -48,8 +49,9 @@ def _add_rows(rows: list[list], ratios: dict, seed: int, arms: dict) -> None:
     for n in [a for a in arms if a != flow.BASE]:
         for m in ("partial", "strict"):
             a, b = slope[flow.BASE][m], slope[n][m]
-            ratio = f"{b / a:.2f}x" if a > 0 else "n/a (all-step <= 0)"
-            if a > 0 and m == "partial":
+            ok = a > 0 and resolved(arms[flow.BASE].curve, m)  # a ratio over a change inside 2 s.e. is noise
+            ratio = f"{b / a:.2f}x" if ok else "n/a (all-step's change is under 2 s.e.)"
+            if ok and m == "partial":
                 ratios.setdefault(n, []).append(b / a)
             rows.append(
                 [
@@ -73,7 +75,7 @@ def _section(args: argparse.Namespace, rows: list[list], ratios: dict, lr: str, 
     }
     verdicts = [
         f"{n}: "
-        + (", ".join(f"{r:.2f}x" for r in ratios[n]) if ratios.get(n) else "none (all-step gained nothing)")
+        + (", ".join(f"{r:.2f}x" for r in ratios[n]) if ratios.get(n) else "none (all-step's gain unresolved)")
         + f" ({targets[n]})"
         for n in names
     ]
@@ -111,7 +113,9 @@ def _section(args: argparse.Namespace, rows: list[list], ratios: dict, lr: str, 
                 rows,
             ),
             "",
-            "Partial-accuracy ratio over the seeds where all-step gained: " + "; ".join(verdicts) + ".",
+            "Partial-accuracy ratio over the seeds where all-step gained (by 2 s.e. or more): "
+            + "; ".join(verdicts)
+            + ".",
         ]
     )
 
