@@ -165,7 +165,9 @@ def main(argv: list[str] | None = None) -> None:
             f"`python bench/{Path(__file__).name}`, not run by make bench)"
         )
         measured = "partial accuracy " + "; ".join(
-            f"seed {r[0]}: {r[6]}" for r in rows if r[1] == n and r[2] == "partial"
+            f"seed {r[0]}: {r[6]}, change all-step / {key} {r[4]} points"
+            for r in rows
+            if r[1] == n and r[2] == "partial"
         )
         summary.append((comparison, measured, f">= {flow.TARGETS[key]:.0f}x"))
     write_summary(name, summary)
