@@ -94,7 +94,7 @@ def test_sample_clip_is_deterministic_and_valid():
 
 def _grounding_spans(seed: int, n: int) -> list[tuple[str, tuple[float, float]]]:
     """(query template with colour and shape masked, [start, end]) for every grounding query of n clips."""
-    from mmgrpo_shapes.programs.pretrain_vlm import _template
+    from mmgrpo_shapes.vqa import question_template as _template
 
     rng = np.random.default_rng(seed)
     return [(_template(q), tuple(a)) for _ in range(n) for q, a in clip_questions(sample_clip(rng))["grounding"]]
