@@ -156,9 +156,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     write_section(name, md)
     summary = []
-    for n, key in ((WINDOW, "window"), (NFT, "nft")):
-        if n not in names:
-            continue
+    for key in args.arms:
+        n = ARM_NAMES[key]
         comparison = (
             f"flow: {n} vs all-step, reward gain per second, {args.budget:.0f} s per arm, seeds "
             f"{', '.join(map(str, args.seeds))}{', constant lr' if args.constant_lr else ''} (supplementary: "
