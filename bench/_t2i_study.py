@@ -116,6 +116,8 @@ ARMS: dict[str, list[str]] = {
     "const_penalty_0.15": ["optim.schedule=constant", "rewards=" + PENALTY.format(p=0.15)],
 }
 """Arms: dotted overrides on the shipped recipe. Names are the study's rows; add an arm by adding a line."""
+ARMS["nft_const"] = ["optim.schedule=constant", *ARMS["diffusionnft"]]  # NFT without the cosine's early stop
+ARMS["nft_strict"] = [*ARMS["diffusionnft"], "rewards=" + STRICT]  # NFT on the reward that extra shapes cannot game
 ARMS["const_vgpo"] += ARMS["vgpo"]  # the fading test: VGPO and SAGE at the constant rate whose gain fades
 ARMS["const_sage"] += ARMS["sage"]
 

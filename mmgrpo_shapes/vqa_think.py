@@ -38,6 +38,13 @@ def position_think(record: dict[str, Any]) -> str:
     return f"{axis} {' '.join(cells)}"
 
 
+def think_text(record: dict[str, Any]) -> str:
+    """The SFT think of a VQA record: its own (`where_record`), position's cells, or the type's fixed text."""
+    if record.get("think"):
+        return record["think"]
+    return position_think(record) if record["category"] == "position" else THINK[record["category"]]
+
+
 def key_token_weights(tokens: list[str], key_weight: float) -> Tensor:
     """[T] SFT loss weight of each completion token: `key_weight` for the tokens that decide the answer (every token
     inside <answer>...</answer>, and the think's digits: position's cells), 1 elsewhere. Why: position's two cell
@@ -52,3 +59,23 @@ def key_token_weights(tokens: list[str], key_weight: float) -> Tensor:
             continue
         out.append(key_weight if inside or t.isdigit() else 1.0)
     return torch.tensor(out)
+
+
+def where_record(record: dict[str, Any], rng) -> dict[str, Any] | None:
+    """An SFT-only reading question on `record`'s image: "Which column is the red circle in?" (or row), think "x rc1",
+    answer "1": one uniquely named object's token cell, the two steps a position think takes per object (find the
+    object by its colour and shape, read its cell). None when no object's colour and shape are unique.
+    Why: position's think names two cells in a sixth of the questions, and the model that writes them still wrote
+    mostly 1 or 2 whatever the scene (assets/README.md, VLM section); this asks for one cell per question, with the
+    answer decided by that digit alone."""
+    objs = record["objects"]
+    names = [f"{o['color']} {o['shape']}" for o in objs]
+    unique = [o for o, n in zip(objs, names) if names.count(n) == 1]
+    if not unique:
+        return None
+    obj = unique[int(rng.integers(len(unique)))]
+    axis, key, word = ("x", "cx", "column") if rng.random() < 0.5 else ("y", "cy", "row")
+    cell = min(GRID - 1, int(obj[key] * GRID))
+    think = f"{axis} {obj['color'][0]}{obj['shape'][0]}{cell}"
+    prompt = f"Which {word} is the {obj['color']} {obj['shape']} in?"
+    return dict(record, prompt=prompt, answers=str(cell), category="where", think=think)

@@ -76,6 +76,41 @@ def test_position_thinks_in_the_token_grid_by_hand():
     assert position_think(edge) == "x rc0 bs3"  # cx = 1.0 clamps to the last column
 
 
+def test_where_questions_ask_one_unique_objects_cell_by_hand():
+    import numpy as np
+
+    from mmgrpo_shapes.vqa_think import where_record
+
+    # POSITION_RECORD: yellow triangle cx 0.30 -> column 1, cy 0.74 -> row 2; blue square column 3, row 0
+    want = {
+        ("column", "yellow triangle"): ("x yt1", "1"),
+        ("row", "yellow triangle"): ("y yt2", "2"),
+        ("column", "blue square"): ("x bs3", "3"),
+        ("row", "blue square"): ("y bs0", "0"),
+    }
+    seen = set()
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        r = where_record(POSITION_RECORD, rng)
+        word, name = r["prompt"].removeprefix("Which ").removesuffix(" in?").split(" is the ")
+        assert (r["think"], r["answers"]) == want[(word, name)] and r["category"] == "where"
+        assert P.target_text("vqa", r) == f"<think>{r['think']}</think><answer>{r['answers']}</answer>"
+        seen.add((word, name))
+    assert seen == set(want)  # both axes, both objects
+    twins = {"objects": [POSITION_RECORD["objects"][0]] * 2}  # two blue squares: no unique name to ask about
+    assert where_record(twins, rng) is None
+
+
+def test_train_stream_turns_a_fraction_into_where_questions():
+    import itertools
+
+    recs = list(itertools.islice(P.train_stream("vqa", seed=3, chunk=64, where=0.5, blank=("count",)), 200))
+    where = [r for r in recs if r["category"] == "where"]
+    assert 70 <= len(where) <= 130  # about half (binomial sd 7)
+    assert all(r["objects"] for r in where)  # asked of real scenes, never of the blanked types
+    assert "count" in {r["category"] for r in recs}
+
+
 def test_key_tokens_of_a_vqa_completion_weigh_more_by_hand(tok):
     from mmgrpo_shapes.vqa_think import key_token_weights
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -26,7 +27,7 @@ import rewards
 from mmgrpo_shapes.dense import TowerTap, batch_targets, log_losses, optimizer, stage_one
 from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, predict, weighted_sft_loss
 from mmgrpo_shapes.vqa import QUESTION_TYPES, make_vqa, question_template, swap_images
-from mmgrpo_shapes.vqa_think import THINK, key_token_weights, position_think
+from mmgrpo_shapes.vqa_think import key_token_weights, think_text, where_record
 from pipelines.video.build import FORMAT_INSTRUCTION as VIDEO_INSTRUCTION
 from pipelines.video.data import shapes_video_records
 from pipelines.vlm.build import FORMAT_INSTRUCTION as VQA_INSTRUCTION
@@ -60,11 +61,9 @@ def encoder(task: str, processor) -> Any:
 
 # ----- data
 def target_text(task: str, record: dict[str, Any]) -> str:
-    """The SFT completion: a think per question type (fixed text, or `position_think`), then the answer (VQA) or
-    the span (grounding)."""
+    """The SFT completion: the think (vqa_think.think_text), then the answer (VQA) or the span (grounding)."""
     if task == "vqa":
-        think = position_think(record) if record["category"] == "position" else THINK[record["category"]]
-        return f"<think>{think}</think><answer>{record['answers']}</answer>"
+        return f"<think>{think_text(record)}</think><answer>{record['answers']}</answer>"
     start, end = record["spans"]
     return GROUNDING_TEMPLATE.format(start=float(start), end=float(end))
 
@@ -190,18 +189,21 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 
 
 # ----- training
-def train_stream(task: str, *, seed: int, chunk: int = 512, pool: int = 3000, types=None, blank=()):
+def train_stream(task: str, *, seed: int, chunk: int = 512, pool: int = 3000, types=None, blank=(), where=0.0):
     """Endless training records: fresh VQA chunks of the train split (new seed each; only question `types` if
-    given; the `blank` types on a blank canvas with no objects), or a cycled pool of clips."""
+    given; the `blank` types on a blank canvas with no objects; a `where` fraction turned into
+    vqa_think.where_record reading questions), or a cycled pool of clips."""
     if task == "grounding":
         recs = records(task, "train", pool, seed=seed)
         rng = random.Random(seed)
         while True:
             rng.shuffle(recs)
             yield from recs
-    k = 0
+    k, rng = 0, np.random.default_rng(seed)
     while True:
         for r in records(task, "train", chunk, seed=1000 * (seed + 1) + k):
+            if where and rng.random() < where and r["category"] not in blank:
+                r = where_record(r, rng) or r
             if r["category"] in (blank or ()):  # the format and the answer prior, nothing to read from the pixels
                 r = dict(swap_images([r], "blank")[0], objects=[])
             if not types or r["category"] in types:
@@ -293,7 +295,9 @@ def train(args) -> dict[str, Any]:
     tok = processor.tokenizer
     encode = encoder(args.task, processor)
     start = time.time()  # --minutes counts stage 1 too
-    stream = train_stream(args.task, seed=args.seed, pool=args.pool, types=args.sft_types, blank=args.blank_types)
+    stream = train_stream(
+        args.task, seed=args.seed, pool=args.pool, types=args.sft_types, blank=args.blank_types, where=args.where
+    )
     head, tower_log = stage_one(args, model, processor, stream)  # the tower alone on the dense targets
     ema = copy.deepcopy(model).requires_grad_(False)
     tap = TowerTap(model) if head is not None else None  # after the copy: the EMA model carries no hook
@@ -374,6 +378,7 @@ def add_vqa_args(p) -> None:
         default=(),
         help="vqa: these question types on blank images (the base learns their format and answer prior, not to read)",
     )
+    p.add_argument("--where", type=float, default=0.0, help="vqa: fraction of SFT records asked one object's cell")
     p.add_argument(
         "--key-weight",
         type=float,
