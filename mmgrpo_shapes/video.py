@@ -3,17 +3,25 @@ Charades-STA-style grounding queries and video QA, and mp4 writing (PyAV) / read
 """
 
 import json
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from mmgrpo_shapes.scenes import COLORS, MARGIN, SHAPES, Scene, SceneObject, boxes_apart, render, stable_hash
+from mmgrpo_shapes.vqa import question_template
 
 DIRECTIONS = {"right": (1.0, 0.0), "left": (-1.0, 0.0), "down": (0.0, 1.0), "up": (0.0, -1.0)}
 VIDEO_TYPES = ("grounding", "direction", "order", "count")
 SET_VERSION = 3
-"""names the on-disk clip cache (pipelines/video/data.py): bump it whenever sampling or rendering changes"""
+"""names the cached pretraining pool (`all_questions`, programs/pretrain_video.py `pool_dir`): bump it whenever clip
+sampling or rendering changes"""
+QUESTION_SET_VERSION = 4
+"""names the cache of one-question-a-clip sets (pipelines/video/data.py): bump it whenever their choice of question
+changes, and with SET_VERSION. 4: the type, template and answer are dealt from decks (`TEMPLATE_ANSWERS`; grounding-only
+sets come out as before). Until then the key used SET_VERSION (3), so the pretraining pool, which 4 leaves as it was,
+keeps its cache name"""
 PATCH_FRAMES = 2
 """events start and end on multiples of this many frames: Qwen2-VL's temporal patch, so each temporal token group of
 a fully sampled clip is either inside or outside an event"""
@@ -193,6 +201,83 @@ def clip_questions(clip: Clip) -> dict[str, list[tuple[str, object]]]:
     return qa
 
 
+_NAMES = tuple(f"{c} {s}" for c in COLORS for s in SHAPES)
+TEMPLATE_ANSWERS: dict[str, dict[str, tuple[str, ...]]] = {
+    "direction": {"In which direction does the _ _ move?": tuple(DIRECTIONS)},
+    "order": {
+        "Which appears first, the _ _ or the _ _?": _NAMES,
+        "Which starts moving first, the _ _ or the _ _?": _NAMES,
+    },
+    "count": {"How many different objects appear in the video?": tuple(str(k + 1) for k in range(len(N_OBJECTS_P)))},
+}
+"""every categorical question template (`vqa.question_template`: colour and shape words masked) of `clip_questions`
+with its possible answers: any of the 4 directions; any of the 6 x 3 object names for either order question (each name
+wins once in 14-21 clips, so all are cheap to find); 1-3 objects. One-question sets deal the answer uniformly
+from these. Grounding answers are spans, not categories, and are not balanced."""
+
+
+def _decks(rng: np.random.Generator) -> Callable[[str, tuple], object]:
+    """deal(key, cards): draw without replacement from a shuffled deck per key, refilled when empty, so in any prefix
+    each card has been dealt as often as the others, within one (as `vqa.make_vqa`)."""
+    decks: dict[str, list] = {}
+
+    def deal(key: str, cards: tuple) -> object:
+        if not decks.get(key):
+            decks[key] = [cards[i] for i in rng.permutation(len(cards))]
+        return decks[key].pop()
+
+    return deal
+
+
+def _balanced_questions(
+    rng: np.random.Generator, n: int, types: tuple[str, ...], **clip_kw
+) -> Iterator[tuple[Clip, str, str, object]]:
+    """`n` (clip, type, question, answer), one question a clip, with answers balanced per template as in
+    `vqa.make_vqa`: the type dealt from a deck of `types`, the template from a deck of its TEMPLATE_ANSWERS, the answer
+    from a deck of the template's answers (and for order questions whether the answer is named first or second);
+    clips are drawn until one asks that template with that answer, and the questions of clips not yet used wait in
+    buckets. A grounding question is any of a fresh clip's grounding queries, as before: spans are not balanced."""
+    deal = _decks(rng)
+    buckets: dict[tuple[str, object], list[tuple[int, str]]] = {}
+    clips: list[Clip] = []
+    used: set[int] = set()
+    for _ in range(n):
+        kind = str(deal("", types))
+        if kind == "grounding":
+            clip = sample_clip(rng, **clip_kw)
+            pairs = clip_questions(clip)["grounding"]
+            yield clip, kind, *pairs[int(rng.integers(len(pairs)))]
+            continue
+        template = str(deal(kind, tuple(sorted(TEMPLATE_ANSWERS[kind]))))
+        answer = str(deal(template, TEMPLATE_ANSWERS[kind][template]))
+        # a clip serves one question: the questions of used clips are dropped from the bucket when it is read
+        while not (found := [e for e in buckets.get((template, answer), ()) if e[0] not in used]):
+            clips.append(sample_clip(rng, **clip_kw))
+            for k, pairs in clip_questions(clips[-1]).items():
+                for q, a in pairs if k != "grounding" else ():
+                    buckets.setdefault((question_template(q), a), []).append((len(clips) - 1, q))
+        buckets[(template, answer)] = found
+        i, question = found[int(rng.integers(len(found)))]
+        if kind == "order":  # both name orders of each pair are in the bucket: the answer is named first half the time
+            first = deal(template + " first", (True, False))
+            question = next(q for j, q in found if j == i and (q.index(answer) < q.index(" or ")) == first)
+        used.add(i)
+        yield clips[i], kind, question, answer
+
+
+def _pool_questions(
+    rng: np.random.Generator, n: int, types: tuple[str, ...], **clip_kw
+) -> Iterator[tuple[Clip, list[tuple[str, str, object]]]]:
+    """`n` clips, each with every (type, question, answer) of `types` it supports: the pretraining pool."""
+    for _ in range(n):
+        clip = sample_clip(rng, **clip_kw)
+        qas = {t: q for t, q in clip_questions(clip).items() if t in types and q}
+        # the one-question pick of SET_VERSION 3's sets, unused here but still drawn so the pool stays byte-identical
+        kind = sorted(qas)[int(rng.integers(len(qas)))]
+        rng.integers(len(qas[kind]))
+        yield clip, [(k, q, a) for k in sorted(qas) for q, a in qas[k]]
+
+
 def write_mp4(path: str | Path, frames: np.ndarray, fps: int, *, codec: str = "libx264", crf: int = 10) -> str:
     """Write uint8 [T, H, W, 3] frames as an mp4 (yuv420p) with PyAV; falls back to mpeg4 without libx264.
 
@@ -250,8 +335,9 @@ def make_video_set(
     types: tuple[str, ...] = VIDEO_TYPES,
     all_questions: bool = False,
 ) -> Path:
-    """Write `n` clips as `<out_dir>/videos/<id>.mp4` and one question per clip to `<out_dir>/<split>.jsonl` (or,
-    with `all_questions`, a row for every question of `types` the clip supports: pretraining data).
+    """Write `n` clips as `<out_dir>/videos/<id>.mp4` and one question per clip to `<out_dir>/<split>.jsonl`, answers
+    balanced per template (`_balanced_questions`), or, with `all_questions`, a row for every question of `types` the
+    clip supports (pretraining data).
 
     Rows: video (relative path), question, answer ([start, end] seconds for grounding, else a string), type,
     split, id, duration, fps, num_frames, timeline. Splits use disjoint seeds (hash of the split name).
@@ -264,15 +350,15 @@ def make_video_set(
     out = Path(out_dir)
     (out / "videos").mkdir(parents=True, exist_ok=True)
     path = out / f"{split}.jsonl"
+    kw = dict(num_frames=num_frames, fps=fps, resolution=resolution)
+    if all_questions:
+        items = _pool_questions(rng, n, types, **kw)
+    else:
+        items = ((clip, [(k, q, a)]) for clip, k, q, a in _balanced_questions(rng, n, tuple(types), **kw))
     with open(path, "w") as f:
-        for i in range(n):
-            clip = sample_clip(rng, num_frames=num_frames, fps=fps, resolution=resolution)
-            qas = {t: q for t, q in clip_questions(clip).items() if t in types and q}
-            kind = sorted(qas)[int(rng.integers(len(qas)))]
-            pick = qas[kind][int(rng.integers(len(qas[kind])))]
+        for i, (clip, rows) in enumerate(items):
             rid = f"{split}-{i:05d}"
-            write_mp4(out / "videos" / f"{rid}.mp4", clip.frames(), fps)
-            rows = [(k, q, a) for k in sorted(qas) for q, a in qas[k]] if all_questions else [(kind, *pick)]
+            write_mp4(out / "videos" / f"{rid}.mp4", clip.frames(), fps)  # only the clips that are asked about
             for j, (k, question, answer) in enumerate(rows):
                 row = dict(
                     video=f"videos/{rid}.mp4",

@@ -1,19 +1,24 @@
 """Tests for ShapesWorld video: clip determinism, the timeline against the drawn frames, mp4 round trips through
 PyAV and decord, and the grounding / QA rows written to JSONL."""
 
+import hashlib
 import itertools
 import json
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from mmgrpo_shapes import video
 from mmgrpo_shapes.verifier import detect
 from mmgrpo_shapes.video import (
     LEAD_GROUPS,
     MOVE_GROUPS,
     PATCH_FRAMES,
-    SET_VERSION,
+    QUESTION_SET_VERSION,
+    TEMPLATE_ANSWERS,
+    VIDEO_TYPES,
     Clip,
     Track,
     clip_questions,
@@ -22,6 +27,7 @@ from mmgrpo_shapes.video import (
     sample_clip,
     write_mp4,
 )
+from mmgrpo_shapes.vqa import question_template
 
 
 def _clip():
@@ -150,7 +156,7 @@ def test_cache_key_names_the_set_version(tmp_path):
     out = shapes_video_dir(
         "val", 1, seed=0, types=("grounding",), num_frames=16, fps=4, resolution=32, cache_dir=tmp_path
     )
-    assert out.name.startswith(f"shapes_video-v{SET_VERSION}-val-n1-") and (out / "val.jsonl").is_file()
+    assert out.name.startswith(f"shapes_video-v{QUESTION_SET_VERSION}-val-n1-") and (out / "val.jsonl").is_file()
 
 
 @pytest.mark.parametrize("backend", ["av", "decord"])
@@ -190,6 +196,70 @@ def test_make_video_set_rows(tmp_path):
             assert 0 <= start <= end <= row["duration"]
     again = make_video_set("val", 4, tmp_path / "b", seed=0, num_frames=16)
     assert [json.loads(x)["question"] for x in Path(again).read_text().splitlines()] == [r["question"] for r in rows]
+
+
+def _rows(tmp_path, monkeypatch, split, n, **kw):
+    """The JSONL rows of a built set, without rendering or encoding its clips (the slow part; the rows are tested)."""
+    monkeypatch.setattr(video, "write_mp4", lambda *a, **k: "none")
+    monkeypatch.setattr(Clip, "frames", lambda self: None)
+    path = make_video_set(split, n, tmp_path / split, seed=0, num_frames=32, **kw)
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("split", ["train", "val", "test"])
+def test_one_question_sets_balance_answers_per_template(tmp_path, monkeypatch, split):
+    # decks as in make_vqa: per type, per template, per answer (and the order answer's place) counts differ by <= 1
+    rows = _rows(tmp_path, monkeypatch, split, 120)
+    assert len({r["video"] for r in rows}) == 120  # one question a clip
+    types = Counter(r["type"] for r in rows)
+    assert set(types) == set(VIDEO_TYPES) and max(types.values()) - min(types.values()) <= 1
+    by, first = defaultdict(Counter), defaultdict(Counter)
+    for r in rows:
+        names = {e["object"] for e in r["timeline"]}
+        if r["type"] == "grounding":
+            assert 0 <= r["answer"][0] <= r["answer"][1] <= r["duration"]
+            continue
+        template = question_template(r["question"])
+        assert r["answer"] in TEMPLATE_ANSWERS[r["type"]][template], (r["question"], r["answer"])
+        by[template][r["answer"]] += 1
+        if r["type"] == "count":
+            assert r["answer"] == str(len(names))
+        elif r["type"] == "direction":
+            assert any(e["event"] == f"moves {r['answer']}" and e["object"] in r["question"] for e in r["timeline"])
+        else:
+            first[template][r["question"].index(r["answer"]) < r["question"].index(" or ")] += 1
+    for templates in TEMPLATE_ANSWERS.values():
+        for template, answers in templates.items():
+            counts = [by[template][a] for a in answers]
+            assert sum(counts) > 0 and max(counts) - min(counts) <= 1, (template, by[template])
+    assert all(abs(c[True] - c[False]) <= 1 for c in first.values()) and len(first) == 2
+
+
+def test_template_majority_sits_at_chance_on_another_split(tmp_path, monkeypatch):
+    # the image-blind majority answer per template, fitted on train, scores 1 / answers per template on test
+    # (one-question sets of SET_VERSION 3: 0.479 on test count questions, chance 0.33)
+    qa = ("direction", "order", "count")
+    fit = defaultdict(Counter)
+    for r in _rows(tmp_path, monkeypatch, "train", 600, types=qa):
+        fit[question_template(r["question"])][r["answer"]] += 1
+    test = _rows(tmp_path, monkeypatch, "test", 300, types=qa)
+    for kind in qa:
+        rows = [r for r in test if r["type"] == kind]
+        guess = [fit[question_template(r["question"])].most_common(1)[0][0] for r in rows]
+        acc = np.mean([g == r["answer"] for g, r in zip(guess, rows)])
+        chance = np.mean([1 / len(TEMPLATE_ANSWERS[kind][question_template(r["question"])]) for r in rows])
+        assert acc <= chance + 0.05, (kind, acc, chance)
+
+
+def test_pretraining_pool_rows_are_unchanged(tmp_path, monkeypatch):
+    # all_questions sets are the pretraining pool, cached under SET_VERSION: balancing the one-question sets
+    # (QUESTION_SET_VERSION 4) must not change them. The hash is of the first 5 clips' rows of the version 3 pool.
+    rows = _rows(tmp_path, monkeypatch, "train", 5, all_questions=True)
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    assert len(rows) == 59
+    assert (
+        hashlib.sha256(text.encode()).hexdigest() == "4576dfee63c42cd2735120344664171fdc9c0cec9fae14f37040680a5139bc38"
+    )
 
 
 def test_bad_arguments_raise():

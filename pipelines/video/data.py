@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mmgrpo.errors import UserError
-from mmgrpo_shapes.video import SET_VERSION, make_video_set
+from mmgrpo_shapes.video import QUESTION_SET_VERSION, make_video_set
 from pipelines.video.io import check_videos, frame_indices, video_info
 from pipelines.vlm.data import WHERE_KEY, text_problem
 
@@ -157,7 +157,8 @@ def shapes_video_dir(
 ) -> Path:
     """ShapesWorld clips of `split` written once under the cache (keyed by every generation setting) and reused."""
     root = Path(cache_dir or os.environ.get("MMGRPO_CACHE") or Path.home() / ".cache" / "mmgrpo")
-    key = f"shapes_video-v{SET_VERSION}-{split}-n{n}-s{seed}-{'+'.join(types)}-f{num_frames}-fps{fps}-r{resolution}"
+    setting = f"n{n}-s{seed}-{'+'.join(types)}-f{num_frames}-fps{fps}-r{resolution}"
+    key = f"shapes_video-v{QUESTION_SET_VERSION}-{split}-{setting}"
     out = root / key
     if not (out / f"{split}.jsonl").is_file():
         tmp = root / f".{key}.tmp{os.getpid()}"
