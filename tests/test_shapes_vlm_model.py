@@ -257,8 +257,8 @@ def test_video_pipeline_loads_the_shipped_model_by_path_with_the_pretraining_pro
 
 
 def test_vlm_accuracy_band_on_fixed_test_sample():
-    # greedy answers to the first 48 balanced test questions (seed 0): the shipped 2026-11-27 model (85 min, position
-    # thinks in initials and token cells; 0.857 on 300) scores 0.83 here; the image-blind level is ~0.33, and a model
+    # greedy answers to the first 48 balanced test questions (seed 0): the shipped 2026-11-27 22:53 model (60 min, with
+    # where questions; 0.797 on 300) scores 0.667 here (the 14:40 model 0.83); the image-blind level is ~0.33, and a model
     # that stopped reading its image (the unbalanced-data model: 0.3125 here) fails the lower bound
     processor, model = _load(VLM)
     table = P.evaluate(model, "vqa", "test", VQA_N, processor=processor)

@@ -2,14 +2,18 @@
 next to chance, and a model's greedy test accuracy with real, blank and shuffled images next to those baselines.
 
 Run: python -m mmgrpo_shapes.programs.vqa_report --model assets/shapes-vlm --n 300
+     python -m mmgrpo_shapes.programs.vqa_report --model assets/shapes-vlm --reading   # where / position thinks
 """
 
 import argparse
 
+import numpy as np
 import torch
 
-from mmgrpo_shapes.programs.pretrain_vlm import blind_baseline, evaluate, records
+from mmgrpo_shapes.programs.pretrain_vlm import blind_baseline, encoder, evaluate, records, score
+from mmgrpo_shapes.programs.tiny_vlm import predict
 from mmgrpo_shapes.vqa import TEMPLATE_ANSWERS, question_template
+from mmgrpo_shapes.vqa_think import position_think, where_record
 
 
 def vqa_chance(split: str = "test", n: int = 300) -> dict[str, float]:
@@ -57,16 +61,37 @@ def model_report(model: str, split: str = "test", n: int = 300, n_train: int = 3
     return "\n".join(lines)
 
 
+def reading_report(model: str, split: str = "test", n: int = 120) -> str:
+    """Whether the model reads an object's token cell: greedy accuracy on the where questions (`where_record`, seed 0)
+    of the first `n` records of `split`, and how often its think on their position questions is exactly
+    `position_think` (both cells right)."""
+    # lazy: transformers is heavy to import; only loading a saved model needs it
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    processor, net = AutoProcessor.from_pretrained(model), AutoModelForImageTextToText.from_pretrained(model)
+    encode, tok = encoder("vqa", processor), processor.tokenizer
+    recs, rng = records("vqa", split, n, seed=0), np.random.default_rng(0)
+    where = [w for w in (where_record(r, rng) for r in recs) if w]
+    acc = score("vqa", predict(net, encode, tok, where, max_new_tokens=24), where)["all"]["accuracy"]
+    pos = [r for r in recs if r["category"] == "position"]
+    texts = predict(net, encode, tok, pos, max_new_tokens=24)
+    exact = sum(f"<think>{position_think(r)}</think>" in t for t, r in zip(texts, pos)) / max(1, len(pos))
+    return f"where questions: accuracy {acc:.3f} (n {len(where)}); position thinks exact {exact:.3f} (n {len(pos)})"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=None, help="a save_pretrained folder to score (omit: only the blind table)")
     p.add_argument("--split", default="test", choices=("train", "val", "test"))
     p.add_argument("--n", type=int, default=300, help="questions of --split for the model table")
     p.add_argument("--blind-n", type=int, default=1000, help="questions per split for the blind table")
+    p.add_argument("--reading", action="store_true", help="with --model: only the where / position-think line")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    if args.model:
+    if args.model and args.reading:
+        print(reading_report(args.model, args.split), flush=True)
+    elif args.model:
         print(model_report(args.model, args.split, args.n), flush=True)
     else:
         print(blind_report(("train", "val", "test"), args.blind_n), flush=True)
