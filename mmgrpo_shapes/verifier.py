@@ -261,6 +261,11 @@ def score(images: list, prompts: list[str], *, mode: str = "partial", extra_pena
     return out
 
 
+def count_objects(images: list) -> np.ndarray:
+    """float32 [N]: the objects `detect` finds in each image (the training log's extra-shape monitor)."""
+    return np.array([len(detect(img)) for img in _as_list(images)], np.float32)
+
+
 def category_report(images: list, prompts: list[str]) -> dict[str, dict[str, float]]:
     """Per-category GenEval table: `{category: {"strict": mean, "partial": mean, "n": count}}` plus "overall"
     (the mean over categories, as GenEval reports it). For `mmgrpo eval` and before/after comparisons."""

@@ -1,4 +1,5 @@
-"""The ShapesWorld GenEval-style verifier (mmgrpo_shapes/verifier.py) as the registered reward "shapes_geneval".
+"""The ShapesWorld GenEval-style verifier (mmgrpo_shapes/verifier.py) as the registered reward "shapes_geneval", and
+its object count as "shapes_objects" (a monitor: weight 0 logs reward/<label>/mean).
 
 The verifier is imported inside the call, so `import rewards` works without the ShapesWorld package (mmgrpo_shapes).
 """
@@ -29,4 +30,22 @@ def shapes_geneval(*, mode: str = "partial", extra_penalty: float = 0.0) -> Rewa
         input="image",
         needs_prompts=True,
         preprocess=f"rendered-scene verifier ({mode}, extra_penalty {extra_penalty}); images PIL/uint8/float CHW",
+    )
+
+
+@REWARDS.register("shapes_objects", input="image", range="[0, inf)", paper="monitor (docs/t2i_study.md, finding 1)")
+def shapes_objects() -> Reward:
+    """Objects the ShapesWorld verifier detects per image: a monitor for weight 0, not a reward. Why: partial credit
+    pays for extra shapes, and this count rising while held-out strict falls is how that hacking showed."""
+
+    def batch(samples, prompts):
+        try:
+            # lazy: `import rewards` works without mmgrpo_shapes (see the module docstring)
+            from mmgrpo_shapes.verifier import count_objects
+        except ImportError as err:
+            raise ValueError(f"shapes_objects needs mmgrpo_shapes.verifier, which failed to import: {err}") from err
+        return count_objects(list(samples))
+
+    return FunctionReward(
+        batch, name="shapes_objects", input="image", needs_prompts=False, preprocess="verifier detections per image"
     )

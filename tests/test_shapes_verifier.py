@@ -228,3 +228,13 @@ def test_extra_penalty_hand_worked():
     assert score([four], ["three circles"], extra_penalty=0.5)[0] == 1.0
     with pytest.raises(ValueError, match="extra_penalty"):
         score([img], ["a red circle"], extra_penalty=2.0)
+
+
+def test_shapes_objects_counts_detections_by_hand():
+    import rewards
+
+    # two drawn shapes -> 2, an empty canvas -> 0, whatever the prompt (none is needed)
+    img = _draw(("circle", "red", 0.25, 0.5, 0.15), ("square", "blue", 0.75, 0.5, 0.15))
+    empty = np.full_like(img, 242)
+    monitor = rewards.load("shapes_objects")
+    assert np.asarray(monitor([img, empty], prompts=None), dtype=float).tolist() == [2.0, 0.0]
