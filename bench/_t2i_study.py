@@ -117,6 +117,9 @@ ARMS: dict[str, list[str]] = {
 }
 """Arms: dotted overrides on the shipped recipe. Names are the study's rows; add an arm by adding a line."""
 ARMS["nft_const"] = ["optim.schedule=constant", *ARMS["diffusionnft"]]  # NFT without the cosine's early stop
+ARMS["nft_lr2e-3"] = [*ARMS["diffusionnft"], "optim.lr=2e-3"]  # NFT's bounded loss may take the rate GRPO cannot
+ARMS["nft_penalty_0.05"] = [*ARMS["diffusionnft"], "rewards=" + PENALTY.format(p=0.05)]  # extra shapes cost
+ARMS["nft_const_penalty_0.05"] = ["optim.schedule=constant", *ARMS["nft_penalty_0.05"]]  # does the fade go too?
 ARMS["nft_strict"] = [*ARMS["diffusionnft"], "rewards=" + STRICT]  # NFT on the reward that extra shapes cannot game
 ARMS["const_vgpo"] += ARMS["vgpo"]  # the fading test: VGPO and SAGE at the constant rate whose gain fades
 ARMS["const_sage"] += ARMS["sage"]
