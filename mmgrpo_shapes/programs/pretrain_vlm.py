@@ -96,10 +96,8 @@ def records(task: str, split: str, n: int, *, seed: int, resolution: int = 32) -
 def example(task: str, encode, tok, record: dict[str, Any]) -> dict[str, Tensor]:
     """One training example: the prompt's processor tensors plus `completion` ids (target + <|im_end|>)."""
     enc = {k: v for k, v in encode(record).items() if not k.startswith("_")}
-    ids = tok(target_text(task, record), add_special_tokens=False)["input_ids"] + [
-        tok.convert_tokens_to_ids("<|im_end|>")
-    ]
-    enc["completion"] = torch.tensor(ids)
+    ids = tok(target_text(task, record), add_special_tokens=False)["input_ids"]
+    enc["completion"] = torch.tensor(ids + [tok.convert_tokens_to_ids("<|im_end|>")])
     return enc
 
 
@@ -190,9 +188,9 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 
 # ----- training
 def train_stream(task: str, *, seed: int, chunk: int = 512, pool: int = 3000, types=None, blank=(), where=0.0):
-    """Endless training records: fresh VQA chunks of the train split (new seed each; only question `types` if
-    given; the `blank` types on a blank canvas with no objects; a `where` fraction turned into
-    vqa_think.where_record reading questions), or a cycled pool of clips."""
+    """Endless training records: fresh VQA chunks of the train split (new seed each; only question `types` if given;
+    the `blank` types on a blank canvas with no objects; a `where` fraction asked as vqa_think.where_record), or a
+    cycled pool of clips."""
     if task == "grounding":
         recs = records(task, "train", pool, seed=seed)
         rng = random.Random(seed)
@@ -441,8 +439,7 @@ def main(argv: list[str] | None = None) -> None:
         info["test_eval_seconds"] = round(time.time() - t, 1)
         if args.task == "vqa":
             info["test_blank"] = blank = evaluate(args.out, args.task, "test", args.test_n, images="blank")
-            print("blank images:", flush=True)
-            print(format_table(blank), flush=True)
+            print(f"blank images:\n{format_table(blank)}", flush=True)
         info["test_blind_baseline"] = blind = blind_baseline(args.task, "test", args.test_n, n_train=args.pool)
         print("image-blind baseline (best answer per question template, fitted on train):", flush=True)
         print(format_table(blind), flush=True)
