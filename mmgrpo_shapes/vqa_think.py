@@ -20,6 +20,13 @@ GRID = 4
 """visual tokens per side (8 x 8 patches merged 2 x 2): the rows and columns the dense position targets teach"""
 
 
+def cell_mark(obj: dict[str, Any], key: str) -> tuple[str, int]:
+    """An object's mark in a think, its colour and shape initials then its token cell along `key` ("cx": column, "cy":
+    row), e.g. ("rc1", 1) for a red circle at cx 0.3; centre 1.0 falls in the last cell."""
+    cell = min(GRID - 1, int(obj[key] * GRID))
+    return f"{obj['color'][0]}{obj['shape'][0]}{cell}", cell
+
+
 def position_think(record: dict[str, Any]) -> str:
     """Position's think: per named object, its colour and shape initials and its token column ("left of") or row
     ("above"), e.g. "x gt0 bs2" -> yes. Why: with a fixed "Compare." the model scored 0.58 on test although its tower
@@ -30,12 +37,8 @@ def position_think(record: dict[str, Any]) -> str:
     every answer."""
     axis, key = ("x", "cx") if " left of " in record["prompt"] else ("y", "cy")
     names = re.findall(r"the (\w+ \w+)", record["prompt"])[:2]
-    cells = []
-    for name in names:
-        color, shape = name.split()
-        obj = next(o for o in record["objects"] if o["color"] == color and o["shape"] == shape)
-        cells.append(f"{color[0]}{shape[0]}{min(GRID - 1, int(obj[key] * GRID))}")
-    return f"{axis} {' '.join(cells)}"
+    objs = [next(o for o in record["objects"] if f"{o['color']} {o['shape']}" == name) for name in names]
+    return f"{axis} {' '.join(cell_mark(o, key)[0] for o in objs)}"
 
 
 def think_text(record: dict[str, Any]) -> str:
@@ -66,7 +69,7 @@ def where_record(record: dict[str, Any], rng) -> dict[str, Any] | None:
     answer "1": one uniquely named object's token cell, the two steps a position think takes per object (find the
     object by its colour and shape, read its cell). None when no object's colour and shape are unique.
     Why: position's think names two cells in a sixth of the questions, and the model that writes them still wrote
-    mostly 1 or 2 whatever the scene (assets/README.md, VLM section); this asks for one cell per question, with the
+    mostly 0 and 2 whatever the scene (assets/README.md, VLM section); this asks for one cell per question, with the
     answer decided by that digit alone."""
     objs = record["objects"]
     names = [f"{o['color']} {o['shape']}" for o in objs]
@@ -75,7 +78,7 @@ def where_record(record: dict[str, Any], rng) -> dict[str, Any] | None:
         return None
     obj = unique[int(rng.integers(len(unique)))]
     axis, key, word = ("x", "cx", "column") if rng.random() < 0.5 else ("y", "cy", "row")
-    cell = min(GRID - 1, int(obj[key] * GRID))
-    think = f"{axis} {obj['color'][0]}{obj['shape'][0]}{cell}"
+    mark, cell = cell_mark(obj, key)
+    think = f"{axis} {mark}"
     prompt = f"Which {word} is the {obj['color']} {obj['shape']} in?"
     return dict(record, prompt=prompt, answers=str(cell), category="where", think=think)
