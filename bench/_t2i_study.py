@@ -120,6 +120,8 @@ ARMS["nft_const"] = ["optim.schedule=constant", *ARMS["diffusionnft"]]  # NFT wi
 ARMS["nft_lr2e-3"] = [*ARMS["diffusionnft"], "optim.lr=2e-3"]  # NFT's bounded loss may take the rate GRPO cannot
 ARMS["nft_penalty_0.05"] = [*ARMS["diffusionnft"], "rewards=" + PENALTY.format(p=0.05)]  # extra shapes cost
 ARMS["nft_const_penalty_0.05"] = ["optim.schedule=constant", *ARMS["nft_penalty_0.05"]]  # does the fade go too?
+ARMS["nft_const_penalty_mb2"] = [*ARMS["nft_const_penalty_0.05"], "algo.num_minibatches=2"]  # 2 steps per rollout
+ARMS["nft_const_penalty_mb4"] = [*ARMS["nft_const_penalty_0.05"], "algo.num_minibatches=4"]  # for free: beta holds
 ARMS["nft_strict"] = [*ARMS["diffusionnft"], "rewards=" + STRICT]  # NFT on the reward that extra shapes cannot game
 ARMS["const_vgpo"] += ARMS["vgpo"]  # the fading test: VGPO and SAGE at the constant rate whose gain fades
 ARMS["const_sage"] += ARMS["sage"]
