@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml requirements.txt
 
 install: $(STAMP)
 
-DEMO := configs/flow/shapes_t2i.yaml
+DEMO := configs/flow/shapes_t2i_nft.yaml
 
 # run.resume=auto: a second `make demo` continues (or, when finished, just re-reports) the first run instead of
 # refusing its directory; `make demo-clean` removes that run to train from scratch.
@@ -25,7 +25,7 @@ demo: $(STAMP)
 	@$(OFFLINE) $(PY) -m pipelines.flow.compare $(DEMO)
 
 demo-clean:
-	rm -rf runs/shapes_t2i
+	rm -rf runs/shapes_t2i_nft
 
 test: $(STAMP)
 	$(OFFLINE) $(PY) -m pytest -q

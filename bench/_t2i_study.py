@@ -122,6 +122,7 @@ ARMS["nft_penalty_0.05"] = [*ARMS["diffusionnft"], "rewards=" + PENALTY.format(p
 ARMS["nft_const_penalty_0.05"] = ["optim.schedule=constant", *ARMS["nft_penalty_0.05"]]  # does the fade go too?
 ARMS["nft_const_penalty_mb2"] = [*ARMS["nft_const_penalty_0.05"], "algo.num_minibatches=2"]  # 2 steps per rollout
 ARMS["nft_const_penalty_mb4"] = [*ARMS["nft_const_penalty_0.05"], "algo.num_minibatches=4"]  # for free: beta holds
+ARMS["nft_const_penalty_mb2_k4"] = [*ARMS["nft_const_penalty_mb2"], "pipeline.kwargs.nft_steps=4"]  # 2x the points
 ARMS["nft_strict"] = [*ARMS["diffusionnft"], "rewards=" + STRICT]  # NFT on the reward that extra shapes cannot game
 ARMS["const_vgpo"] += ARMS["vgpo"]  # the fading test: VGPO and SAGE at the constant rate whose gain fades
 ARMS["const_sage"] += ARMS["sage"]
