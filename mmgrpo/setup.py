@@ -86,8 +86,11 @@ class Run:
     def progress(self, metrics: dict[str, float]) -> None:
         if self.bar is not None:
             self.bar.update(1)
-            kl = metrics.get("kl/ref", metrics.get("kl/old_approx", float("nan")))  # without a reference: to old
-            self.bar.set_postfix(reward=f"{metrics.get('reward/total_mean', float('nan')):.3f}", kl=f"{kl:.4f}")
+            kl = metrics.get("kl/ref", metrics.get("kl/old_approx"))  # without a reference: to old
+            shown = {"reward": f"{metrics.get('reward/total_mean', float('nan')):.3f}"}
+            if kl is not None:  # likelihood-free objectives (DiffusionNFT) log no KL: show none rather than nan
+                shown["kl"] = f"{kl:.4f}"
+            self.bar.set_postfix(**shown)
 
     def close(self, together: bool = False) -> None:
         """Stop trackers and tear down the process group; `together` when every rank got here together."""

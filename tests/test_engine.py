@@ -490,3 +490,23 @@ def test_eval_counts_uncategorised_records_once(tmp_path):
     table = evaluate(cfg, "none", group_size=2, limit=5)
     # toy prompts carry no category: "all" is the only row, 5 prompts x 2 samples, each counted once
     assert list(table) == ["all"] and table["all"]["n"] == 10
+
+
+def test_progress_bar_shows_kl_only_when_logged():
+    # DiffusionNFT logs no KL (likelihood-free): its bar showed "kl=nan" before; now it shows the reward alone
+    from types import SimpleNamespace
+
+    from mmgrpo.setup import Run
+
+    class Bar:
+        def update(self, n):
+            pass
+
+        def set_postfix(self, **kw):
+            self.shown = kw
+
+    run = SimpleNamespace(bar=Bar())
+    Run.progress(run, {"reward/total_mean": 0.5})
+    assert run.bar.shown == {"reward": "0.500"}
+    Run.progress(run, {"reward/total_mean": 0.5, "kl/old_approx": 0.25, "kl/ref": 0.125})
+    assert run.bar.shown == {"reward": "0.500", "kl": "0.1250"}  # the reference's KL when there is one
