@@ -29,14 +29,18 @@ for_evaluation applies the same settings, so `mmgrpo eval` and `sample` agree wi
 
 
 def compare_table(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], columns: list[str]) -> str:
-    """Rows = categories ("all" first), for each column: before, after and the change in points (x 100)."""
+    """Rows = categories ("all" first), for each column: before, after and the change, in points (x 100) for a
+    score in [0, 1], as a plain difference for a monitor outside it (objects per image)."""
     head = f"{'category':<16}{'n':>5}" + "".join(
         f"{c + ' before':>16}{c + ' after':>15}{'change':>9}" for c in columns
     )
+    score = {c: all(0 <= t[c] <= 1 for t in (*before.values(), *after.values())) for c in columns}
     lines = [head, "-" * len(head)]
     for cat, row in before.items():
         cells = "".join(
-            f"{row[c]:>16.3f}{after[cat][c]:>15.3f}{100 * (after[cat][c] - row[c]):>+9.1f}" for c in columns
+            f"{row[c]:>16.3f}{after[cat][c]:>15.3f}"
+            + (f"{100 * (after[cat][c] - row[c]):>+9.1f}" if score[c] else f"{after[cat][c] - row[c]:>+9.3f}")
+            for c in columns
         )
         lines.append(f"{cat:<16}{int(row['n']):>5}" + cells)
     return "\n".join(lines)
