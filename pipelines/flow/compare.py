@@ -16,6 +16,7 @@ from mmgrpo.config import load_config
 from mmgrpo.errors import UserError
 from mmgrpo.evaluate import evaluate_run
 from mmgrpo.report import refresh_report
+from mmgrpo.reward import REWARDS
 
 EVAL_OVERRIDES = (
     "pipeline.kwargs.noise_level=0",
@@ -28,13 +29,18 @@ EVAL_OVERRIDES = (
 for_evaluation applies the same settings, so `mmgrpo eval` and `sample` agree with this tool)."""
 
 
-def compare_table(before: dict[str, dict[str, float]], after: dict[str, dict[str, float]], columns: list[str]) -> str:
-    """Rows = categories ("all" first), for each column: before, after and the change, in points (x 100) for a
-    score in [0, 1], as a plain difference for a monitor outside it (objects per image)."""
+def compare_table(
+    before: dict[str, dict[str, float]],
+    after: dict[str, dict[str, float]],
+    columns: list[str],
+    points: set[str] | None = None,
+) -> str:
+    """Rows = categories ("all" first), for each column: before, after and the change, in points (x 100) for the
+    `points` columns (scores in [0, 1]; None: all), as a plain difference for the others (objects per image)."""
     head = f"{'category':<16}{'n':>5}" + "".join(
         f"{c + ' before':>16}{c + ' after':>15}{'change':>9}" for c in columns
     )
-    score = {c: all(0 <= t[c] <= 1 for t in (*before.values(), *after.values())) for c in columns}
+    score = {c: points is None or c in points for c in columns}
     lines = [head, "-" * len(head)]
     for cat, row in before.items():
         cells = "".join(
@@ -73,7 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     before, after = before["conditions"]["real"], after["conditions"]["real"]
     columns = [c for c in next(iter(before.values())) if c not in ("n", "total")] or ["total"]
-    table = compare_table(before, after, columns)
+    # rewards registered with range [0, 1] are scores, their changes in points; a monitor (a count) changes plainly
+    scores = [r for r in cfg.rewards if r.name in REWARDS.names() and REWARDS.meta(r.name).get("range") == "[0, 1]"]
+    points = {r.label or r.name for r in scores}
+    table = compare_table(before, after, columns, points | {"total"})
     run_dir = Path(cfg.run.output_dir)
     n_prompts = int(before["all"]["n"]) // args.group_size
     print(
