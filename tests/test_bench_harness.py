@@ -275,3 +275,56 @@ def test_flow_bench_nft_arm_builds_a_diffusionnft_run_with_its_target(tmp_path):
     assert written["algo"]["advantage"] == base["algo"]["advantage"]  # the rest of the recipe's algo is kept
     assert type(run.policy.objective).__name__ == "NFT"
     assert (_target(NFT), _target("window (MixGRPO)"), _target("tree")) == (">= 5x", ">= 2x", "(variant)")
+
+
+def _curve(points):
+    """An efficiency-race curve from (seconds, change, se) per mark; accuracy = 0.5 + change / 100."""
+    return [
+        {
+            "seconds": s,
+            "iterations": i,
+            **{m: {"acc": 0.5 + c / 100, "change": c, "se": e} for m in ("partial", "strict")},
+        }
+        for i, (s, c, e) in enumerate(points)
+    ]
+
+
+def test_flow_efficiency_time_to_gain_and_ratios():
+    """Time to +5 is the first mark with change >= 5 and >= 2 s.e.; the gain ratio exists only once all-step
+    clearly learned; a time ratio against an all-step that never got there is a lower bound at its budget."""
+    from bench import _flow_efficiency as fe
+
+    slow = _curve([(0, 0, 0), (300, 2, 2), (600, 6, 2), (900, 8, 2), (1200, 10, 2)])
+    fast = _curve([(0, 0, 0), (300, 6, 4), (600, 12, 2), (900, 14, 2), (1200, 16, 2)])  # +6 at 300 s is < 2 s.e.
+    flat = _curve([(0, 0, 0), (300, 1, 2), (600, 3, 2), (900, 4, 2), (1200, 4, 2)])
+    assert (
+        fe.time_to(slow, "strict") == 600 and fe.time_to(fast, "strict") == 600 and fe.time_to(flat, "strict") is None
+    )
+    # least-squares slope of change on seconds, per minute: slow 10 points over 1200 s -> sum(dx dy)/sum(dx^2)
+    # x = 0..1200 by 300 (mean 600), y = 0,2,6,8,10 (mean 5.2): sum dx dy = 600*5.2+300*3.2+0+300*2.8+600*4.8 = 7800,
+    # sum dx^2 = 2*(360000+90000) = 900000 -> 0.008667 per s = 0.52 per minute
+    assert abs(fe.slope(slow, "strict") - 0.52) < 1e-9
+    assert fe.learned(slow, "strict") and not fe.learned(flat, "strict")
+    gain, t5 = fe.ratios({fe.BASE: {"curve": slow}, "x": {"curve": fast}}, "x", "strict")
+    assert gain == f"{fe.slope(fast, 'strict') / fe.slope(slow, 'strict'):.2f}x" and t5 == "1.00x"
+    gain, t5 = fe.ratios({fe.BASE: {"curve": flat}, "x": {"curve": fast}}, "x", "strict")
+    assert gain.startswith("n/a") and t5 == ">= 2.00x (all-step never +5)"
+    assert fe.ratios({fe.BASE: {"curve": slow}, "x": {"curve": flat}}, "x", "strict")[1] == "n/a (never +5)"
+
+
+def test_flow_efficiency_arms_change_only_plan_and_objective(tmp_path):
+    """Every raced arm is the demo recipe; the GRPO arms swap in Flow-GRPO's clipped loss and one step per batch."""
+    import yaml
+
+    from bench import _flow_efficiency as fe
+    from bench._flow_arms import make_run
+
+    base = yaml.safe_load(fe.RECIPE.read_text())
+    assert base["algo"]["loss"] == "nft" and fe.ARMS[fe.RECIPE_ARM] is None
+    plan, kw, extra, algo = fe.ARMS[fe.BASE]
+    make_run(tmp_path / "a", base, plan=plan, plan_kwargs=kw, setting={"prompts_per_iter": 2, "k_chunk": 1}, seed=0,
+             pipeline_kwargs=extra, algo=algo)  # fmt: skip
+    written = yaml.safe_load((tmp_path / "a" / "bench.yaml").read_text())
+    assert written["algo"]["loss"] == "clipped" and written["algo"]["num_minibatches"] == 1
+    assert written["pipeline"]["kwargs"]["objective"] == "grpo"
+    assert written["rewards"] == base["rewards"] and written["optim"] == base["optim"]  # same reward and rate
