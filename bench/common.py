@@ -28,6 +28,7 @@ ORDER = (
     "flow_window_long",
     "flow_window_long_constant_lr",
     "flow_nft_long",
+    "flow_efficiency",
     "vlm_prefix",
     "vlm_vs_trl",
     "vlm",
