@@ -127,6 +127,15 @@ def looking_table(result: dict[str, Any]) -> str:
     return f"<table class='looking'>{head}{''.join(rows)}</table>"
 
 
+def split_scales(rows: list[dict], keys: list[str]) -> tuple[list[str], list[str]]:
+    """Keys for the left and the right axis of one plot: a series whose largest |value| is over 1.5x the median of
+    the series' largest |values| (a count monitor beside [0, 1] rewards) goes right, so it does not flatten the rest."""
+    peak = {k: max(abs(r[k]) for r in rows if r.get(k) is not None) for k in keys}
+    mid = statistics.median(peak.values())
+    right = [k for k in keys if mid > 0 and peak[k] > 1.5 * mid]
+    return [k for k in keys if k not in right], right
+
+
 def _curve_png(rows: list[dict], keys: list[str], title: str) -> str | None:
     # lazy: matplotlib is heavy to import (~0.6 s); only the report's plots need it
     import matplotlib
@@ -139,15 +148,25 @@ def _curve_png(rows: list[dict], keys: list[str], title: str) -> str | None:
     keys = [k for k in keys if any(r.get(k) is not None for r in rows)]
     if not keys:
         return None
+    _, right = split_scales(rows, keys)
     fig, ax = plt.subplots(figsize=(5.4, 3.0), dpi=100)
+    ax2 = ax.twinx() if right else None
     for k in keys:
         pts = [(r["step"], r[k]) for r in rows if r.get(k) is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], label=k, marker="." if len(pts) < 30 else None)
+        on = ax2 if k in right else ax
+        label = f"{k} (right axis)" if k in right else k
+        on.plot([p[0] for p in pts], [p[1] for p in pts], label=label, marker="." if len(pts) < 30 else None,
+                linestyle="--" if k in right else "-", color=f"C{keys.index(k)}")  # fmt: skip
+    if ax2 is not None:
+        h1, l1 = ax.get_legend_handles_labels()
+        h2, l2 = ax2.get_legend_handles_labels()
+        ax.legend(h1 + h2, l1 + l2, fontsize=7)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     ax.set_xlabel("step")
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if ax2 is None:
+        ax.legend(fontsize=7)
     buf = io.BytesIO()
     fig.tight_layout()
     fig.savefig(buf, format="png")

@@ -202,3 +202,20 @@ def test_a_re_evaluation_keeps_the_earlier_result(tmp_path):
     assert [json.loads((root / f"base.{i}.json").read_text())["records"] for i in (1, 2)] == [300, 4]
     assert (root / "base.1_samples" / "items.json").read_text() == "300"
     assert load_evals(tmp_path) == {"base": {"records": 8}}  # the report reads the newest; the kept ones stay on disk
+
+
+def test_split_scales_puts_a_count_monitor_on_the_right_axis():
+    """The T2I demo logs objects per image (about 2-3) beside [0, 1] rewards: on one axis it flattens them."""
+    from mmgrpo.report import split_scales
+
+    rows = [
+        {"step": 0, "reward/partial/mean": 0.66, "reward/strict/mean": 0.30, "reward/objects/mean": 2.1},
+        {"step": 1, "reward/partial/mean": 0.80, "reward/strict/mean": 0.50, "reward/objects/mean": 2.7},
+        {"step": 2, "reward/total_mean": 0.81},
+    ]
+    keys = ["reward/total_mean", "reward/partial/mean", "reward/strict/mean", "reward/objects/mean"]
+    # peaks 0.81, 0.80, 0.50, 2.7: median (0.80 + 0.81) / 2 = 0.805; only 2.7 > 1.5 * 0.805 = 1.2075
+    assert split_scales(rows, keys) == (keys[:3], ["reward/objects/mean"])
+    # the VLM recipe's total (format 0.5 + accuracy 1.0, peak 1.3) stays beside its parts: median 1.0, 1.3 < 1.5
+    vlm = [{"step": 0, "reward/total_mean": 1.3, "reward/accuracy/mean": 0.8, "reward/format/mean": 1.0}]
+    assert split_scales(vlm, list(vlm[0])[1:]) == (list(vlm[0])[1:], [])
