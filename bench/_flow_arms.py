@@ -195,6 +195,21 @@ class Evaluator:
         return out
 
 
+def interleave(arms: dict[str, Arm], budget: float, marks: int, evaluator: "Evaluator", tag: str) -> dict[str, list]:
+    """Train the arm with the least training time next (so machine load hits all alike) until each spent `budget`
+    seconds, scoring each at every `budget / marks` of its own time; returns each arm's per-iteration profile."""
+    outs: dict[str, list[dict]] = {n: [] for n in arms}
+    due = {n: budget / marks for n in arms}
+    while min(a.spent for a in arms.values()) < budget:
+        n = min(arms, key=lambda m: arms[m].spent)
+        outs[n].append(arms[n].iterate())
+        if arms[n].spent >= due[n]:
+            arms[n].evaluate(evaluator)
+            due[n] += budget / marks
+            print(f"{tag} {n}: {arms[n].step} iterations, {arms[n].spent:.0f} s", flush=True)
+    return outs
+
+
 def forward_flops(run: Any) -> float:
     """FLOPs of one transformer evaluation (one latent, no CFG) at the recipe's resolution and prompt length."""
     pol = run.policy

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import yaml
 
-from bench._flow_arms import TARGETS, TREE_ARMS, Arm, Evaluator, delta, make_run, median, val_spec
+from bench._flow_arms import TARGETS, TREE_ARMS, Arm, Evaluator, delta, interleave, make_run, median, val_spec
 from bench.common import REPO, fit_slope, machine, md_table, now_utc, quiet_process, write_section, write_summary
 from pipelines.flow.build import shapes_prompts
 
@@ -64,15 +64,7 @@ def race(base: dict, seed: int, budget: float, marks: int, evaluator: Evaluator,
     start = evaluator(arms[BASE].run)  # every arm starts from the shipped weights: one base score serves all
     for a in arms.values():
         a.curve.append((0.0, 0, start))
-    outs: dict[str, list[dict]] = {n: [] for n in arms}
-    due = {n: budget / marks for n in arms}
-    while min(a.spent for a in arms.values()) < budget:
-        n = min(arms, key=lambda m: arms[m].spent)
-        outs[n].append(arms[n].iterate())
-        if arms[n].spent >= due[n]:
-            arms[n].evaluate(evaluator)
-            due[n] += budget / marks
-            print(f"seed {seed} {n}: {arms[n].step} iterations, {arms[n].spent:.0f} s", flush=True)
+    outs = interleave(arms, budget, marks, evaluator, f"seed {seed}")
     return {n: summary(arms[n], outs[n]) for n in arms}
 
 

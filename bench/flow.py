@@ -31,6 +31,7 @@ from bench._flow_arms import (  # noqa: F401  (re-exported for _flow_window_long
     Arm,
     Evaluator,
     forward_flops,
+    interleave,
     make_run,
     unique_transitions,
     val_spec,
@@ -111,15 +112,7 @@ def bench_window(base: dict, setting: dict, tmp: Path, evaluator: Evaluator, bas
             ),
         )
         arms[n].curve.append((0.0, 0, base_acc))
-    outs: dict[str, list[dict]] = {n: [] for n in arms}
-    marks = {n: budget / 2 for n in arms}
-    while min(a.spent for a in arms.values()) < budget:
-        n = min(arms, key=lambda m: arms[m].spent)
-        outs[n].append(arms[n].iterate())
-        if arms[n].spent >= marks[n]:
-            arms[n].evaluate(evaluator)
-            marks[n] += budget / 2
-            print(f"(b) {n}: {arms[n].step} iterations, {arms[n].spent:.0f} s", flush=True)
+    outs = interleave(arms, budget, 2, evaluator, "(b)")
     return {"arms": arms, "outs": outs}
 
 

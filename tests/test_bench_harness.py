@@ -312,6 +312,33 @@ def test_flow_efficiency_time_to_gain_and_ratios():
     assert fe.ratios({fe.BASE: {"curve": slow}, "x": {"curve": flat}}, "x", "strict")[1] == "n/a (never +5)"
 
 
+class _FakeArm:
+    """An Arm's interface for `interleave`: each iteration costs `cost` seconds; evaluate records when it was scored."""
+
+    def __init__(self, cost):
+        self.cost, self.spent, self.step, self.scored = cost, 0.0, 0, []
+
+    def iterate(self):
+        self.spent += self.cost
+        self.step += 1
+        return {"seconds": self.cost}
+
+    def evaluate(self, evaluator):
+        self.scored.append(self.spent)
+
+
+def test_interleave_spends_the_same_budget_on_every_arm_and_scores_at_each_mark(capsys):
+    """Least-spent arm next: a 3 s arm and a 5 s arm both run until >= 30 s (10 and 6 iterations) and are scored
+    the first time they pass 10, 20 and 30 s (marks 3): at 12/21/30 s and 10/20/30 s."""
+    from bench._flow_arms import interleave
+
+    arms = {"a": _FakeArm(3.0), "b": _FakeArm(5.0)}
+    outs = interleave(arms, 30.0, 3, evaluator=None, tag="t")
+    assert [len(outs[n]) for n in "ab"] == [10, 6] and [a.step for a in arms.values()] == [10, 6]
+    assert arms["a"].scored == [12.0, 21.0, 30.0] and arms["b"].scored == [10.0, 20.0, 30.0]
+    assert "t b: 6 iterations, 30 s" in capsys.readouterr().out
+
+
 def test_flow_efficiency_arms_change_only_plan_and_objective(tmp_path):
     """Every raced arm is the demo recipe; the GRPO arms swap in Flow-GRPO's clipped loss and one step per batch."""
     import yaml
