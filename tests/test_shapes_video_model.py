@@ -122,6 +122,34 @@ def test_pretraining_inputs_are_the_policy_encode(tmp_path):
     assert ours["states"].shape == (16, len(PV.COLORS))
 
 
+def test_blank_types_train_on_blank_frames_with_a_fixed_think(tmp_path):
+    """--blank-types direction: a direction question's example is the blank clip's encoding, every dense state absent,
+    and the target "<think>Watch it.</think><answer>{answer}</answer>"; other types keep their frames and time lines."""
+    from transformers import AutoProcessor
+
+    from mmgrpo_shapes.programs.video_probe import blank_video, frame_encoder, set_records
+
+    make_video_set("train", 2, tmp_path, num_frames=32, all_questions=True)
+    recs = set_records(tmp_path, "train")
+    processor = AutoProcessor.from_pretrained(VIDEO)
+    blank = blank_video(PV.NUM_FRAMES, 4, 64, tmp_path / "blank")
+    ex = PV.Examples(processor, recs, blank=("direction",), blank_video=blank)
+    empty = frame_encoder(processor, PV.NUM_FRAMES)({**recs[0], "video": blank})["pixel_values_videos"]
+    seen = set()
+    for i, r in enumerate(recs):
+        out, text = ex(i), processor.tokenizer.decode(ex(i)["completion"][:-1])
+        blanked = r["type"] == "direction"
+        assert torch.equal(out["pixel_values_videos"], empty) == blanked, (i, r["type"])
+        assert (int(out["states"].sum()) == 0) == blanked  # 0 = "absent" in every group and colour
+        assert (text == f"<think>Watch it.</think><answer>{r.get('answers')}</answer>") == blanked, text
+        seen.add(r["type"])
+    assert {"direction", "grounding"} <= seen
+    assert PV.parse_mix("grounding=0.5,count=0.25") == {"grounding": 0.5, "count": 0.25}
+    for bad in ("grounding", "colour=1", "count=-1", "count=0"):
+        with pytest.raises(Exception, match="type=share"):
+            PV.parse_mix(bad)
+
+
 @pytest.fixture(scope="module")
 def policy():
     from pipelines.video.build import build_video

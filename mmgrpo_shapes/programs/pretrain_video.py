@@ -49,6 +49,8 @@ STATES = ("absent", "still") + tuple(f"moving {d}" for d in DIRECTIONS)
 ABSENT_WEIGHT = 0.1
 """class weight of "absent" in the dense loss: ~94% of (group, colour) cells are absent, and unweighted the head
 learns the prior (pilot: held-out recall of visible cells 0.0 after 30 steps; weighted 0.1: 0.91)"""
+BLANK_THINK = "Watch it."
+"""the fixed think of --blank-types questions (no time line: a line written on blank frames would teach "-" marks)"""
 PIXEL_STD = 0.25
 """the processor normalises pixels as (x - background) / PIXEL_STD: the grey background becomes 0, so an empty patch
 embeds to 0 (the patch embedding has no bias) and a small object is the whole signal (CLIP's mean/std left the tower
@@ -86,8 +88,8 @@ class Examples:
     """Training examples of a pool: each clip's pixels encoded once by the policy's `encode`, each question's ids
     made by the same chat template with the clip's video-token count (checked equal to `encode` in the tests)."""
 
-    def __init__(self, processor, recs: list[dict[str, Any]], *, key_weight: float = 1.0):
-        self.key_weight = key_weight
+    def __init__(self, processor, recs: list[dict[str, Any]], *, key_weight: float = 1.0, blank=(), blank_video=""):
+        self.key_weight, self.blank, self.blank_video = key_weight, tuple(blank), blank_video
         self.processor, self.tok = processor, processor.tokenizer
         self.encode = frame_encoder(processor, NUM_FRAMES)
         self.recs, self.clips = recs, {}
@@ -108,6 +110,8 @@ class Examples:
 
     def __call__(self, i: int) -> dict[str, Tensor]:
         rec = self.recs[i]
+        if rec["type"] in self.blank:  # the format and the answer prior, nothing to read from the frames
+            rec = {**rec, "video": self.blank_video, "timeline": []}
         if rec["video"] not in self.clips:
             enc = self.encode(rec)
             self.clips[rec["video"]] = (
@@ -119,7 +123,10 @@ class Examples:
         pixels, grid, n_video, states = self.clips[rec["video"]]
         ids = self.prompt_ids(rec, n_video)
         types = (ids == self.video_id).long() * 2  # [1, P] mm_token_type_ids: 2 marks video tokens
-        done = self.tok(target_text(rec), add_special_tokens=False)["input_ids"] + [
+        target = (
+            f"<think>{BLANK_THINK}</think><answer>{rec['answers']}</answer>" if rec["type"] in self.blank else None
+        )
+        done = self.tok(target or target_text(rec), add_special_tokens=False)["input_ids"] + [
             self.tok.convert_tokens_to_ids("<|im_end|>")
         ]
         weights = key_token_weights(self.tok.convert_ids_to_tokens(done), self.key_weight)
@@ -282,7 +289,9 @@ def train(args) -> dict[str, Any]:
     ema = copy.deepcopy(model).requires_grad_(False)
     opt = optimizer(model, head, args)
     pool = args.pool_dir or pool_dir("train", args.pool, seed=args.seed)
-    data = Examples(processor, set_records(pool, "train"), key_weight=args.key_weight)
+    blank = blank_video(NUM_FRAMES, 4, 64, Path.home() / ".cache" / "mmgrpo" / "blank")
+    data = Examples(processor, set_records(pool, "train"), key_weight=args.key_weight, blank=args.blank_types,
+                    blank_video=blank)  # fmt: skip
     val = pipeline_records("val", args.val_n, types=("grounding",), num_frames=NUM_FRAMES) + pipeline_records(
         "val", args.val_n, types=QA_TYPES, num_frames=NUM_FRAMES
     )
@@ -315,7 +324,7 @@ def train(args) -> dict[str, Any]:
         lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(elapsed / budget, 1.0)))  # cosine to 10% over the budget
         for group in opt.param_groups:
             group["lr"] = lr * group["lr_mult"]
-        batch = data.batch(rng, args.batch, MIX)
+        batch = data.batch(rng, args.batch, args.mix)
         sft, dense = sft_step(args, model, ema, head, opt, batch, processor.tokenizer.pad_token_id, step)
         step += 1
         run.append((float(sft.detach()), float(dense.detach())))
@@ -359,6 +368,17 @@ def test_report(
     return out
 
 
+def parse_mix(text: str) -> dict[str, float]:
+    """Parse --mix: "grounding=0.5,count=0.5" -> {"grounding": 0.5, "count": 0.5}; bad text is a usage line."""
+    try:
+        mix = {k: float(v) for k, v in (kv.split("=") for kv in text.split(","))}
+    except ValueError:
+        mix = {}
+    if not mix or not set(mix) <= set(VIDEO_TYPES) or min(mix.values()) < 0 or not sum(mix.values()):
+        raise argparse.ArgumentTypeError(f"{text!r}: give type=share pairs of {', '.join(VIDEO_TYPES)}, shares >= 0")
+    return mix
+
+
 def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="assets/shapes-video", help="save_pretrained folder of the best EMA model")
@@ -374,6 +394,10 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--dense-weight", type=float, default=1.0, help="weight of the per-group dense vision loss")
     p.add_argument("--key-weight", type=float, default=1.0, help="SFT loss weight of the answer-deciding tokens")
     p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--mix", type=parse_mix, default=MIX, help="batch share per type, e.g. grounding=0.5,count=0.5")
+    p.add_argument("--blank-types", nargs="*", default=[], choices=VIDEO_TYPES,
+                   help="these types on blank frames with a fixed think: the base learns their format and answer prior, "
+                   "not to read them (room for RL)")  # fmt: skip
     p.add_argument("--ema", type=float, default=0.99)
     add_architecture_args(p)
     p.add_argument(
