@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mmgrpo_shapes.programs.outdir import claim, write_whole
 from mmgrpo_shapes.programs.t2i_data import ScenePool, curriculum, eval_prompts
 from mmgrpo_shapes.programs.t2i_model import (
     ShapesT2I,
@@ -291,17 +292,22 @@ def _save_ema(model: ShapesT2I, params, ema, out: Path, log: list[float], step: 
         for p, e in zip(params, ema):
             p.copy_(e)
         model.config["train"].update(steps=step, wall_minutes=round((time.time() - start) / 60, 2))
-        save_model(out, model)
+        curve = [round(float(np.mean(log[i : i + 100])), 5) for i in range(0, len(log), 100)]
+
+        def write(folder: Path) -> None:
+            save_model(folder, model)
+            (folder / "train_log.json").write_text(json.dumps({"steps": step, "loss_per_100_steps": curve}) + "\n")
+
+        write_whole(out, write)  # a crash mid-save keeps the previous save whole
         for p, v in zip(params, live):
             p.copy_(v)
-    curve = [round(float(np.mean(log[i : i + 100])), 5) for i in range(0, len(log), 100)]
-    (out / "train_log.json").write_text(json.dumps({"steps": step, "loss_per_100_steps": curve}) + "\n")
     print(f"saved EMA weights at step {step} to {out}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description="Pretrain the tiny ShapesWorld text-to-image flow model.")
     ap.add_argument("--out", default="assets/shapes-t2i")
+    ap.add_argument("--overwrite", action="store_true", help="replace the model already in --out")
     ap.add_argument("--minutes", type=float, default=60.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--patch-size", type=int, default=4)
@@ -328,6 +334,7 @@ def main(argv: list[str] | None = None) -> None:
         big_objects=not args.no_big_objects,
         checkpoint_dir=args.checkpoint_dir,
     )
+    claim(args.out, args.overwrite, "pretrain_t2i")
     pretrain(args.out, settings)
     if args.eval_split:
         for w in (1.0, 3.0):

@@ -12,7 +12,7 @@ frame pairs (mmgrpo_shapes/video.py), so each group is wholly inside or outside 
 Prompts are built by the video policy's own `encode` (the rollouts' inputs); the training pool is written once with
 every question of each clip (`make_video_set(all_questions=True)`) and each clip's pixels are encoded once.
 
-Run: OMP_NUM_THREADS=1 python -m mmgrpo_shapes.programs.pretrain_video --out assets/shapes-video --minutes 60
+Run: OMP_NUM_THREADS=1 python -m mmgrpo_shapes.programs.pretrain_video --out assets/shapes-video --overwrite --minutes 60
 """
 
 import argparse
@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mmgrpo_shapes.programs.outdir import claim, write_whole
 from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, weighted_sft_loss
 from mmgrpo_shapes.programs.video_eval import NUM_FRAMES, blind_baselines, evaluate, format_table
 from mmgrpo_shapes.programs.video_probe import (
@@ -109,8 +110,8 @@ class Examples:
         return torch.cat([ids[:at], torch.full((n_video,), self.video_id), ids[at + 1 :]])[None]  # [1, P]
 
     def __call__(self, i: int) -> dict[str, Tensor]:
-        rec = self.recs[i]
-        if rec["type"] in self.blank:  # the format and the answer prior, nothing to read from the frames
+        rec, blank = self.recs[i], self.recs[i]["type"] in self.blank
+        if blank:  # the format and the answer prior, nothing to read from the frames
             rec = {**rec, "video": self.blank_video, "timeline": []}
         if rec["video"] not in self.clips:
             enc = self.encode(rec)
@@ -123,12 +124,8 @@ class Examples:
         pixels, grid, n_video, states = self.clips[rec["video"]]
         ids = self.prompt_ids(rec, n_video)
         types = (ids == self.video_id).long() * 2  # [1, P] mm_token_type_ids: 2 marks video tokens
-        target = (
-            f"<think>{BLANK_THINK}</think><answer>{rec['answers']}</answer>" if rec["type"] in self.blank else None
-        )
-        done = self.tok(target or target_text(rec), add_special_tokens=False)["input_ids"] + [
-            self.tok.convert_tokens_to_ids("<|im_end|>")
-        ]
+        target = f"<think>{BLANK_THINK}</think><answer>{rec['answers']}</answer>" if blank else target_text(rec)
+        done = self.tok(target, add_special_tokens=False)["input_ids"] + [self.tok.convert_tokens_to_ids("<|im_end|>")]
         weights = key_token_weights(self.tok.convert_ids_to_tokens(done), self.key_weight)
         return {
             "input_ids": ids,
@@ -234,10 +231,12 @@ def val_metric(table: dict[str, dict[str, float]]) -> float:
 
 
 def save(model: nn.Module, processor, out: Path, info: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    (out / "train_log.json").write_text(json.dumps(info, indent=1))
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        processor.save_pretrained(folder)
+        (folder / "train_log.json").write_text(json.dumps(info, indent=1))
+
+    write_whole(out, write)  # a crash mid-save keeps the previous best whole
 
 
 def optimizer(model: nn.Module, head: nn.Module, args) -> torch.optim.Optimizer:
@@ -289,7 +288,7 @@ def train(args) -> dict[str, Any]:
     ema = copy.deepcopy(model).requires_grad_(False)
     opt = optimizer(model, head, args)
     pool = args.pool_dir or pool_dir("train", args.pool, seed=args.seed)
-    blank = blank_video(NUM_FRAMES, 4, 64, Path.home() / ".cache" / "mmgrpo" / "blank")
+    blank = blank_video(NUM_FRAMES, 4, 64, Path.home() / ".cache" / "mmgrpo" / "blank") if args.blank_types else ""
     data = Examples(processor, set_records(pool, "train"), key_weight=args.key_weight, blank=args.blank_types,
                     blank_video=blank)  # fmt: skip
     val = pipeline_records("val", args.val_n, types=("grounding",), num_frames=NUM_FRAMES) + pipeline_records(
@@ -382,6 +381,7 @@ def parse_mix(text: str) -> dict[str, float]:
 def parse_args(argv: list[str] | None = None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="assets/shapes-video", help="save_pretrained folder of the best EMA model")
+    p.add_argument("--overwrite", action="store_true", help="replace the model already in --out")
     p.add_argument("--minutes", type=float, default=60.0, help="training wall-clock budget")
     p.add_argument("--eval-minutes", type=float, default=6.0, help="validation (and best-checkpoint) interval")
     p.add_argument("--val-n", type=int, default=48, help="val clips per task (grounding, QA)")
@@ -431,6 +431,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         print(json.dumps(out, indent=1), flush=True)
         return
+    claim(args.out, args.overwrite, "pretrain_video")
     info = train(args)
     print(f"trained {info['steps']} steps in {info['train_minutes']} min; best {info['best']}", flush=True)
     if args.test_n:

@@ -5,7 +5,7 @@ Prompts are built by the RL policies' own `encode` (pipelines/vlm/policy.py, pip
 default instruction, so the model is trained on exactly the inputs GRPO rollouts later give it. Loss: token-mean
 cross-entropy on the completion (+ <|im_end|>) only; the shipped weights are the EMA with the best validation score.
 
-Run: nice -n 10 python -m mmgrpo_shapes.programs.pretrain_vlm --task vqa --out assets/shapes-vlm --minutes 45
+Run: nice -n 10 python -m mmgrpo_shapes.programs.pretrain_vlm --task vqa --out assets/shapes-vlm --overwrite --minutes 45
 """
 
 import argparse
@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 import rewards
 from mmgrpo_shapes.dense import TowerTap, batch_targets, log_losses, optimizer, stage_one
+from mmgrpo_shapes.programs.outdir import claim, write_whole
 from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, predict, weighted_sft_loss
 from mmgrpo_shapes.vqa import QUESTION_TYPES, make_vqa, question_template, swap_images
 from mmgrpo_shapes.vqa_think import key_token_weights, think_text, where_record
@@ -218,10 +219,12 @@ def main_metric(task: str, table: dict[str, dict[str, float]]) -> float:
 
 
 def save(model: nn.Module, processor, out: Path, info: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    processor.save_pretrained(out)
-    (out / "train_log.json").write_text(json.dumps(info, indent=1))
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        processor.save_pretrained(folder)
+        (folder / "train_log.json").write_text(json.dumps(info, indent=1))
+
+    write_whole(out, write)  # a crash mid-save keeps the previous best whole
 
 
 def validate(
@@ -377,12 +380,8 @@ def add_vqa_args(p) -> None:
         help="vqa: these question types on blank images (the base learns their format and answer prior, not to read)",
     )
     p.add_argument("--where", type=float, default=0.0, help="vqa: fraction of SFT records asked one object's cell")
-    p.add_argument(
-        "--key-weight",
-        type=float,
-        default=1.0,
-        help="vqa: SFT loss weight of the answer tokens and the think's digits (vqa_think.key_token_weights)",
-    )
+    p.add_argument("--key-weight", type=float, default=1.0,
+                   help="vqa: SFT loss weight of the answer tokens and the think's digits (vqa_think.key_token_weights)")  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None):
@@ -393,19 +392,14 @@ def parse_args(argv: list[str] | None = None):
         default=None,
         help="save_pretrained folder of the best EMA model (default assets/shapes-vlm or assets/shapes-video)",
     )
+    p.add_argument("--overwrite", action="store_true", help="replace the model already in --out")
     p.add_argument("--minutes", type=float, default=45.0, help="training wall-clock budget")
     p.add_argument("--eval-minutes", type=float, default=5.0, help="validation (and best-checkpoint) interval")
     p.add_argument("--val-n", type=int, default=96)
     p.add_argument("--test-n", type=int, default=300, help="test records for the final report (0: skip)")
-    p.add_argument(
-        "--ceiling",
-        type=float,
-        default=None,
-        help="never keep a checkpoint whose val score is above this (leaves room for RL)",
-    )
-    p.add_argument(
-        "--pool", type=int, default=3000, help="grounding: training clips cycled (written once to the cache)"
-    )
+    p.add_argument("--ceiling", type=float, default=None,
+                   help="never keep a checkpoint whose val score is above this (leaves room for RL)")  # fmt: skip
+    p.add_argument("--pool", type=int, default=3000, help="grounding: training clips cycled (cached once)")
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--vision-lr-mult", type=float, default=1.0, help="the vision tower's lr / --lr")
@@ -429,6 +423,7 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    claim(args.out, args.overwrite, "pretrain_vlm")
     info = train(args)
     print(f"trained {info['steps']} steps in {info['train_minutes']} min; best {info['best']}", flush=True)
     if args.test_n and info["best"] is not None:
