@@ -128,12 +128,13 @@ def test_every_recipe_validates():
 
 
 def test_grounding_recipe_starts_from_the_shipped_model_and_its_tempsamp_variant_fits(cache):
-    """The CPU recipe trains assets/shapes-video; its documented TempSamp variant builds as written: the default
-    injected answer (31 tokens) fits the recipe's max_new_tokens=32 (a longer one is a start-up error)."""
+    """The CPU recipe trains assets/shapes-video-early (the early stop that leaves grounding room for RL); its
+    documented TempSamp variant builds as written: the default injected answer (31 tokens) fits the recipe's
+    max_new_tokens (a longer one is a start-up error)."""
     from pipelines.video.build import build_video
 
     path = ROOT / "configs" / "video" / "shapes_grounding.yaml"
-    assert load_config(path).pipeline.kwargs["model"] == "assets/shapes-video"
+    assert load_config(path).pipeline.kwargs["model"] == "assets/shapes-video-early"
     cfg = load_config(
         path,
         TEMPSAMP
