@@ -7,6 +7,7 @@ target and swapped in by renames, so a crash mid-save leaves the previous best m
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -49,3 +50,14 @@ def write_whole(out: str | Path, write: Callable[[Path], None]) -> None:
         out.rename(old)  # until the next rename the previous model lives on under `old`, whole
     tmp.rename(out)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def save_pretrained_whole(model, processor, out: str | Path, info: dict) -> None:
+    """A transformers model, its processor and the run's log (train_log.json), written whole into `out`."""
+
+    def write(folder: Path) -> None:
+        model.save_pretrained(folder)
+        processor.save_pretrained(folder)
+        (folder / "train_log.json").write_text(json.dumps(info, indent=1))
+
+    write_whole(out, write)  # a crash mid-save keeps the previous best whole

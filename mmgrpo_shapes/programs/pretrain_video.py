@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from mmgrpo_shapes.programs.outdir import claim, write_whole
+from mmgrpo_shapes.programs.outdir import claim, save_pretrained_whole
 from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, weighted_sft_loss
 from mmgrpo_shapes.programs.video_eval import NUM_FRAMES, blind_baselines, evaluate, format_table
 from mmgrpo_shapes.programs.video_probe import (
@@ -230,15 +230,6 @@ def val_metric(table: dict[str, dict[str, float]]) -> float:
     return (table["grounding"]["miou"] + sum(qa) / max(len(qa), 1)) / 2
 
 
-def save(model: nn.Module, processor, out: Path, info: dict[str, Any]) -> None:
-    def write(folder: Path) -> None:
-        model.save_pretrained(folder)
-        processor.save_pretrained(folder)
-        (folder / "train_log.json").write_text(json.dumps(info, indent=1))
-
-    write_whole(out, write)  # a crash mid-save keeps the previous best whole
-
-
 def optimizer(model: nn.Module, head: nn.Module, args) -> torch.optim.Optimizer:
     """AdamW; the vision tower and the dense head at args.tower_lr_mult x the base rate (group "lr_mult")."""
     tower = list(model.model.visual.parameters()) + list(head.parameters())
@@ -315,7 +306,7 @@ def train(args) -> dict[str, Any]:
             print(f"step {step} ({elapsed / 60:.1f} min) val {metric:.3f}\n{format_table(table)}", flush=True)
             if info["best"] is None or metric > info["best"]["val"]:
                 info["best"] = {"step": step, "minutes": round(elapsed / 60, 2), "val": metric}
-                save(ema, processor, Path(args.out), info)
+                save_pretrained_whole(ema, processor, args.out, info)
             last_eval = time.time()
             if elapsed >= budget:
                 break

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 import rewards
 from mmgrpo_shapes.dense import TowerTap, batch_targets, log_losses, optimizer, stage_one
-from mmgrpo_shapes.programs.outdir import claim, write_whole
+from mmgrpo_shapes.programs.outdir import claim, save_pretrained_whole
 from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, predict, weighted_sft_loss
 from mmgrpo_shapes.vqa import QUESTION_TYPES, make_vqa, question_template, swap_images
 from mmgrpo_shapes.vqa_think import key_token_weights, think_text, where_record
@@ -218,15 +218,6 @@ def main_metric(task: str, table: dict[str, dict[str, float]]) -> float:
     return table["all"][main_key(task)]
 
 
-def save(model: nn.Module, processor, out: Path, info: dict[str, Any]) -> None:
-    def write(folder: Path) -> None:
-        model.save_pretrained(folder)
-        processor.save_pretrained(folder)
-        (folder / "train_log.json").write_text(json.dumps(info, indent=1))
-
-    write_whole(out, write)  # a crash mid-save keeps the previous best whole
-
-
 def validate(
     args,
     ema: nn.Module,
@@ -247,7 +238,7 @@ def validate(
     ok = args.ceiling is None or metric <= args.ceiling
     if ok and (info["best"] is None or metric > info["best"]["val"]):
         info["best"] = {"step": step, "minutes": round(minutes, 2), "val": metric}
-        save(ema, processor, Path(args.out), info)
+        save_pretrained_whole(ema, processor, args.out, info)
 
 
 def sft_step(
