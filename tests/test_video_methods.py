@@ -1,6 +1,7 @@
 """Video-method maths against hand-worked float64 values: TempSamp-R1's soft advantage, T-GRPO's bonuses, the bonus
 added after normalisation (and Video-R1's cancellation it avoids), the video rewards and the per-record helpers."""
 
+import json
 import math
 
 import numpy as np
@@ -128,6 +129,38 @@ def test_video_task_routes_by_category():
     close(load("video_task")(samples, **fields), [1 / 3, 1.0, 1.0, 1.0], tol=1e-6)
     with pytest.raises(ValueError, match="spans"):
         load("video_task")(samples[:1], spans=[None], answers=[None], category=["grounding"])
+
+
+def test_time_line_marks_by_hand():
+    ref = "0.0-0.5+1.0>1.5>2.0-2.5"  # groups 0.5 still, 1.0 and 1.5 moving right
+    samples = [
+        "<think>0.0-0.5+1.0>1.5>2.0-2.5</think><answer>right</answer>",  # marked {0.5, 1.0, 1.5}, all alike: 3/3
+        "<think>0.0-0.5+1.0<1.5<2.0-2.5</think><answer>left</answer>",  # alike only 0.5: 1/3
+        "<think>0.0+0.5+1.0>1.5-2.0-2.5</think>",  # marked {0.0, 0.5, 1.0, 1.5}, alike {0.5, 1.0}: 2/4
+        "<think>0.0-0.5+1.0>1.5>2.0-2.0>2.5</think>",  # 2.0 written twice: the first ("-") counts -> 3/3
+        "<answer>right</answer>",  # no think: 0
+        "<think>0.0-0.5-1.0-</think>",  # nothing marked on either side (reference below): 1
+        "<think>0.0-0.5+1.0>1.5>2.0-2.5</think>",  # no reference (a count question): 0
+    ]
+    refs = [ref] * 5 + ["0.0-0.5-1.0", None]
+    close(load("time_line_marks")(samples, think_line=refs), [1.0, 1 / 3, 0.5, 1.0, 0.0, 1.0, 0.0])
+    close(load("time_line_marks")(samples[:2]), [0.0, 0.0])  # a batch without the field (count questions only)
+
+
+def test_shapes_records_carry_their_sft_time_line(tmp_path):
+    from mmgrpo_shapes.video_think import target_text
+    from pipelines.video.data import shapes_video_records
+
+    recs = shapes_video_records(
+        "test", 8, types=("grounding", "direction", "order", "count"), num_frames=16, resolution=32, cache_dir=tmp_path
+    )
+    rows = {json.loads(line)["id"]: json.loads(line) for line in next(tmp_path.rglob("test.jsonl")).open()}
+    for rec in recs:
+        row = rows[rec["id"]]
+        think = target_text({**row, "spans": rec.get("spans"), "answers": row.get("answer")})
+        think = think.split("<think>")[1].split("</think>")[0]
+        assert rec.get("think_line") == (None if row["type"] == "count" else think), rec["id"]
+    assert {rows[r["id"]]["type"] for r in recs} == {"grounding", "direction", "order", "count"}
 
 
 def test_temporal_contrast_reward_both_signals():

@@ -3,6 +3,8 @@
 
 A record is {"prompt", "video" (absolute path), "duration", "category", "id", and "spans" [start, end] seconds for
 grounding or "answers" for QA}: field names are the rewards' (`temporal_iou` reads spans, the QA rewards answers).
+ShapesWorld records of grounding, direction and order also carry "think_line", the time line their SFT think writes
+(`mmgrpo_shapes.video_think`), for the process reward `time_line_marks`.
 """
 
 import json
@@ -14,6 +16,7 @@ from typing import Any
 
 from mmgrpo.errors import UserError
 from mmgrpo_shapes.video import QUESTION_SET_VERSION, make_video_set
+from mmgrpo_shapes.video_think import qa_line, time_line
 from pipelines.video.io import check_videos, frame_indices, video_info
 from pipelines.vlm.data import WHERE_KEY, text_problem
 
@@ -197,8 +200,12 @@ def shapes_video_records(
     recs = []
     for line in (out / f"{split}.jsonl").read_text().splitlines():
         row = json.loads(line)
-        row["type"] = SHAPES_TASKS[row["type"]]
+        kind, row["type"] = row["type"], SHAPES_TASKS[row["type"]]
         rec = parse_row(row, f"{out}/{split}.jsonl:{row['id']}", out)
+        if kind in ("direction", "order"):  # the SFT think's time line: `time_line_marks`' reference
+            rec["think_line"] = qa_line({**row, "type": kind})
+        elif kind == "grounding":
+            rec["think_line"] = time_line(rec["spans"], rec["duration"])
         recs.append(finish(rec, time_prompt=time_prompt))
     return recs
 

@@ -1,9 +1,11 @@
 """Video rewards registered in rewards.REWARDS on import of pipelines.video: `video_task` (routes each sample to the
-reward of its task: temporal IoU, multiple choice, numeric, free-form accuracy) and `temporal_contrast` (T-GRPO's bonus).
+reward of its task: temporal IoU, multiple choice, numeric, free-form accuracy), `temporal_contrast` (T-GRPO's bonus)
+and `time_line_marks` (partial credit for a think written as a time line, per temporal group).
 
 The bonus maths live in pipelines/video/advantages.py; these wrappers only route samples and fields.
 """
 
+import re
 from typing import Any
 
 import torch
@@ -119,3 +121,44 @@ def temporal_contrast_reward(
     """T-GRPO temporal bonus column: alpha for correct answers when ordered frames beat shuffled ones (groupwise)."""
     name, kwargs = _as_spec(accuracy)
     return TemporalContrast(load(name, **kwargs), mu=mu, alpha=alpha, min_accuracy=min_accuracy, gap_scale=gap_scale)
+
+
+_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+_GROUP = re.compile(r"(\d+\.\d)(\D)")  # a temporal group's start label ("2.5"), then its one-character mark
+
+
+def line_marks(text: str, reference: str) -> float:
+    """Jaccard over marked groups: of the temporal groups that the completion's think or the reference time line marks
+    (anything but "-", which means nothing there), the share both mark alike; 1 when neither marks any, 0 without a
+    think. Think "0.0-0.5+1.0<1.5-" vs reference "0.0-0.5+1.0>1.5-2.0": marked {0.5, 1.0}, alike {0.5} -> 1/2.
+    Why not all groups: most are "-" in both, so a plain share is ~0.9 whatever the few deciding marks say."""
+    want = dict(_GROUP.findall(reference))
+    found = _THINK.search(text)
+    if not want or found is None:
+        return 0.0
+    got: dict[str, str] = {}
+    for label, mark in _GROUP.findall(found.group(1)):
+        got.setdefault(label, mark)  # a label written twice counts once, as first written
+    marked = {label for label, mark in [*want.items(), *got.items()] if mark != "-"}
+    if not marked:
+        return 1.0
+    return sum(got.get(label) == want.get(label) for label in marked) / len(marked)
+
+
+class TimeLineMarks(Reward):
+    """Per-group partial credit on field `think_line` (the reference time line; None for records without one: 0)."""
+
+    fields = ("think_line",)
+    preprocess = "the think's per-group marks against the reference time line"
+
+    def score(self, samples, prompts, think_line=None):
+        refs = think_line if think_line is not None else [None] * len(samples)  # a batch of count questions only
+        return torch.tensor([line_marks(s, ref) if ref else 0.0 for s, ref in zip(samples, refs, strict=True)])
+
+
+@REWARDS.register(
+    "time_line_marks", input="text", range="[0, 1]", paper="process reward (Lightman et al., arXiv:2305.20050)"
+)
+def time_line_marks_reward() -> Reward:
+    """Process reward for time-line thinks: the share of temporal groups marked as the reference marks them."""
+    return TimeLineMarks()
