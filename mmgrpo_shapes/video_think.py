@@ -85,11 +85,16 @@ def qa_line(rec: dict[str, Any]) -> str:
     )
 
 
+def think_text(rec: dict[str, Any]) -> str:
+    """The SFT think: a time line (grounding `time_line`, direction and order `qa_line`) or a fixed think (count)."""
+    if rec["type"] == "grounding":
+        return time_line(rec["spans"], rec["duration"])
+    return THINK.get(rec["type"]) or qa_line(rec)
+
+
 def target_text(rec: dict[str, Any]) -> str:
-    """The SFT completion: a time line (grounding `time_line`, direction and order `qa_line`) or a fixed think
-    (count), then the span ("2.50 to 3.50") or the answer."""
+    """The SFT completion: `think_text`, then the span ("2.50 to 3.50") or the answer."""
     if rec["type"] == "grounding":
         start, end = rec["spans"]
-        return f"<think>{time_line(rec['spans'], rec['duration'])}</think><answer>{start:.2f} to {end:.2f}</answer>"
-    think = THINK.get(rec["type"]) or qa_line(rec)
-    return f"<think>{think}</think><answer>{rec['answers']}</answer>"
+        return f"<think>{think_text(rec)}</think><answer>{start:.2f} to {end:.2f}</answer>"
+    return f"<think>{think_text(rec)}</think><answer>{rec['answers']}</answer>"

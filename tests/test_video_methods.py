@@ -143,7 +143,7 @@ def test_time_line_marks_by_hand():
         "<think>0.0-0.5+1.0>1.5>2.0-2.5</think>",  # no reference (a count question): 0
     ]
     refs = [ref] * 5 + ["0.0-0.5-1.0", None]
-    close(load("time_line_marks")(samples, think_line=refs), [1.0, 1 / 3, 0.5, 1.0, 0.0, 1.0, 0.0])
+    close(load("time_line_marks")(samples, reference_think=refs), [1.0, 1 / 3, 0.5, 1.0, 0.0, 1.0, 0.0])
     close(load("time_line_marks")(samples[:2]), [0.0, 0.0])  # a batch without the field (count questions only)
 
 
@@ -157,10 +157,22 @@ def test_shapes_records_carry_their_sft_time_line(tmp_path):
     rows = {json.loads(line)["id"]: json.loads(line) for line in next(tmp_path.rglob("test.jsonl")).open()}
     for rec in recs:
         row = rows[rec["id"]]
-        think = target_text({**row, "spans": rec.get("spans"), "answers": row.get("answer")})
-        think = think.split("<think>")[1].split("</think>")[0]
-        assert rec.get("think_line") == (None if row["type"] == "count" else think), rec["id"]
+        target = target_text({**row, "spans": rec.get("spans"), "answers": row.get("answer")})
+        assert rec["reference_think"] == target.split("<think>")[1].split("</think>")[0], rec["id"]
+        # TempSamp's injected ground truth written as the SFT model writes: the target itself
+        assert vm.ground_truth_text(rec, span_template=THINK_SPAN, answer_template=THINK_ANSWER) == target
+        assert load("time_line_marks")([target], reference_think=[rec["reference_think"]]).item() == (
+            0.0 if row["type"] == "count" else 1.0  # count's think ("Count them.") has no time line
+        )
     assert {rows[r["id"]]["type"] for r in recs} == {"grounding", "direction", "order", "count"}
+    with pytest.raises(ValueError, match="no reference_think"):
+        vm.ground_truth_text({"id": "x", "answers": "left"}, answer_template=THINK_ANSWER)
+    vm.check_template("span_template", THINK_SPAN)
+    vm.check_template("answer_template", THINK_ANSWER)
+
+
+THINK_SPAN = "<think>{think}</think><answer>{start:.2f} to {end:.2f}</answer>"
+THINK_ANSWER = "<think>{think}</think><answer>{answer}</answer>"
 
 
 def test_temporal_contrast_reward_both_signals():
@@ -214,7 +226,9 @@ def test_default_span_template_is_the_prompt_and_sft_format():
     ["<answer>{start}</answer>", "{start} {end} {answer}", "{start:.2f} to {end", "{0} to {1}", "{start:d} to {end}"],
 )
 def test_bad_span_templates_are_named(template):
-    with pytest.raises(ValueError, match=r"span_template .* must use the fields \{start\}, \{end\}"):
+    with pytest.raises(
+        ValueError, match=r"span_template .* must use the fields \{start\}, \{end\}, may use \{think\}"
+    ):
         vm.check_template("span_template", template)
     vm.check_template("span_template", vm.SPAN_TEMPLATE)
     vm.check_template("answer_template", vm.ANSWER_TEMPLATE)

@@ -3,8 +3,8 @@
 
 A record is {"prompt", "video" (absolute path), "duration", "category", "id", and "spans" [start, end] seconds for
 grounding or "answers" for QA}: field names are the rewards' (`temporal_iou` reads spans, the QA rewards answers).
-ShapesWorld records of grounding, direction and order also carry "think_line", the time line their SFT think writes
-(`mmgrpo_shapes.video_think`), for the process reward `time_line_marks`.
+ShapesWorld records also carry "reference_think", the think the SFT model was taught (`mmgrpo_shapes.video_think`:
+a time line for grounding, direction and order), for the process reward `time_line_marks` and injected ground truth.
 """
 
 import json
@@ -16,7 +16,7 @@ from typing import Any
 
 from mmgrpo.errors import UserError
 from mmgrpo_shapes.video import QUESTION_SET_VERSION, make_video_set
-from mmgrpo_shapes.video_think import qa_line, time_line
+from mmgrpo_shapes.video_think import think_text
 from pipelines.video.io import check_videos, frame_indices, video_info
 from pipelines.vlm.data import WHERE_KEY, text_problem
 
@@ -202,10 +202,8 @@ def shapes_video_records(
         row = json.loads(line)
         kind, row["type"] = row["type"], SHAPES_TASKS[row["type"]]
         rec = parse_row(row, f"{out}/{split}.jsonl:{row['id']}", out)
-        if kind in ("direction", "order"):  # the SFT think's time line: `time_line_marks`' reference
-            rec["think_line"] = qa_line({**row, "type": kind})
-        elif kind == "grounding":
-            rec["think_line"] = time_line(rec["spans"], rec["duration"])
+        # the SFT model's think: `time_line_marks`' reference, and `{think}` in injected ground truth (TempSamp-R1)
+        rec["reference_think"] = think_text({**row, "type": kind, "spans": rec.get("spans")})
         recs.append(finish(rec, time_prompt=time_prompt))
     return recs
 

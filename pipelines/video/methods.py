@@ -16,34 +16,48 @@ with it an injected answer is off-distribution in its think (the answer part mat
 change it."""
 ANSWER_TEMPLATE = "<think>Find the answer.</think><answer>{answer}</answer>"
 TEMPLATE_FIELDS = {"span_template": ("start", "end"), "answer_template": ("answer",)}
-"""the fields each template may use (str.format names)"""
+"""the fields each template must use (str.format names)"""
+THINK_FIELD = "think"
+"""the field any template may also use: the record's `reference_think` (ShapesWorld records carry the SFT model's
+think, e.g. its time line), so the injected completion is written as the policy writes (`<think>{think}</think>...`)"""
 
 
 def ground_truth_text(
     record: dict[str, Any], *, span_template: str = SPAN_TEMPLATE, answer_template: str = ANSWER_TEMPLATE
 ) -> str:
-    """The completion TempSamp-R1 injects for `record`: its spans (grounding) or answer, through a template."""
+    """The completion TempSamp-R1 injects for `record`: its spans (grounding) or answer, through a template (and its
+    `reference_think` where the template has `{think}`)."""
+    think = record.get("reference_think")
     if record.get("spans") is not None:
-        start, end = (float(v) for v in record["spans"])
-        return span_template.format(start=start, end=end)
-    if record.get("answers") is not None:
-        return answer_template.format(answer=record["answers"])
-    raise ValueError(f"record {record.get('id')!r} has neither spans nor answers: nothing to inject as ground truth")
+        template, values = span_template, {"start": float(record["spans"][0]), "end": float(record["spans"][1])}
+    elif record.get("answers") is not None:
+        template, values = answer_template, {"answer": record["answers"]}
+    else:
+        raise ValueError(
+            f"record {record.get('id')!r} has neither spans nor answers: nothing to inject as ground truth"
+        )
+    if "{" + THINK_FIELD + "}" in template and think is None:
+        raise ValueError(
+            f"record {record.get('id')!r} has no reference_think for the template's {{{THINK_FIELD}}}: give each record "
+            f"one, or drop {{{THINK_FIELD}}} from the template"
+        )
+    return template.format(**values, **({THINK_FIELD: think} if think is not None else {}))
 
 
 def check_template(name: str, template: str) -> None:
-    """Raise ValueError unless `template` names each of its fields (TEMPLATE_FIELDS[name]) and no other."""
+    """Raise ValueError unless `template` names each of its fields (TEMPLATE_FIELDS[name]), optionally `{think}`, and
+    no other."""
     fields = TEMPLATE_FIELDS[name]
     example = SPAN_TEMPLATE if name == "span_template" else ANSWER_TEMPLATE
     try:
         used = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
-        template.format(**{f: "A" if f == "answer" else 1.0 for f in fields})
+        template.format(**{f: "A" if f == "answer" else 1.0 for f in fields}, **{THINK_FIELD: "-"})
     except (KeyError, IndexError, ValueError) as err:
         used = {f"<{type(err).__name__}: {err}>"}
-    if used != set(fields):
+    if used - {THINK_FIELD} != set(fields):
         raise ValueError(
-            f"{name} ({template!r}) must use the fields {{{'}, {'.join(fields)}}} and no other "
-            f"(found {sorted(used)}), e.g. {example!r}"
+            f"{name} ({template!r}) must use the fields {{{'}, {'.join(fields)}}}, may use {{{THINK_FIELD}}}, and no "
+            f"other (found {sorted(used)}), e.g. {example!r}"
         )
 
 

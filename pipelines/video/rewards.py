@@ -146,13 +146,15 @@ def line_marks(text: str, reference: str) -> float:
 
 
 class TimeLineMarks(Reward):
-    """Per-group partial credit on field `think_line` (the reference time line; None for records without one: 0)."""
+    """Per-group partial credit on field `reference_think` (a time line; a think without one, or None, scores 0)."""
 
-    fields = ("think_line",)
+    fields = ("reference_think",)
     preprocess = "the think's per-group marks against the reference time line"
 
-    def score(self, samples, prompts, think_line=None):
-        refs = think_line if think_line is not None else [None] * len(samples)  # a batch of count questions only
+    def score(self, samples, prompts, reference_think=None):
+        refs = (
+            reference_think if reference_think is not None else [None] * len(samples)
+        )  # a batch of count questions only
         return torch.tensor([line_marks(s, ref) if ref else 0.0 for s, ref in zip(samples, refs, strict=True)])
 
 
