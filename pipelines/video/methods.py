@@ -36,7 +36,7 @@ def ground_truth_text(
         raise ValueError(
             f"record {record.get('id')!r} has neither spans nor answers: nothing to inject as ground truth"
         )
-    if "{" + THINK_FIELD + "}" in template and think is None:
+    if THINK_FIELD in {f for _, f, _, _ in string.Formatter().parse(template)} and think is None:
         raise ValueError(
             f"record {record.get('id')!r} has no reference_think for the template's {{{THINK_FIELD}}}: give each record "
             f"one, or drop {{{THINK_FIELD}}} from the template"

@@ -152,9 +152,8 @@ class TimeLineMarks(Reward):
     preprocess = "the think's per-group marks against the reference time line"
 
     def score(self, samples, prompts, reference_think=None):
-        refs = (
-            reference_think if reference_think is not None else [None] * len(samples)
-        )  # a batch of count questions only
+        # no field at all: a batch of records without a reference (count questions only)
+        refs = reference_think if reference_think is not None else [None] * len(samples)
         return torch.tensor([line_marks(s, ref) if ref else 0.0 for s, ref in zip(samples, refs, strict=True)])
 
 
