@@ -41,7 +41,7 @@ def ground_truth_text(
             f"record {record.get('id')!r} has no reference_think for the template's {{{THINK_FIELD}}}: give each record "
             f"one, or drop {{{THINK_FIELD}}} from the template"
         )
-    return template.format(**values, **({THINK_FIELD: think} if think is not None else {}))
+    return template.format(**values, **{THINK_FIELD: think})  # unused names are ignored by str.format
 
 
 def check_template(name: str, template: str) -> None:

@@ -12,6 +12,7 @@ import torch
 
 from pipelines.video.advantages import logp_gap_bonus, temporal_gate_bonus
 from rewards.api import REWARDS, Reward, load
+from rewards.rules import extract_tag
 
 
 def _as_spec(spec: str | dict) -> tuple[str, dict]:
@@ -123,7 +124,6 @@ def temporal_contrast_reward(
     return TemporalContrast(load(name, **kwargs), mu=mu, alpha=alpha, min_accuracy=min_accuracy, gap_scale=gap_scale)
 
 
-_THINK = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 _GROUP = re.compile(r"(\d+\.\d)(\D)")  # a temporal group's start label ("2.5"), then its one-character mark
 
 
@@ -133,11 +133,11 @@ def line_marks(text: str, reference: str) -> float:
     think. Think "0.0-0.5+1.0<1.5-" vs reference "0.0-0.5+1.0>1.5-2.0": marked {0.5, 1.0}, alike {0.5} -> 1/2.
     Why not all groups: most are "-" in both, so a plain share is ~0.9 whatever the few deciding marks say."""
     want = dict(_GROUP.findall(reference))
-    found = _THINK.search(text)
-    if not want or found is None:
+    think = extract_tag(text, "think")
+    if not want or think is None:
         return 0.0
     got: dict[str, str] = {}
-    for label, mark in _GROUP.findall(found.group(1)):
+    for label, mark in _GROUP.findall(think):
         got.setdefault(label, mark)  # a label written twice counts once, as first written
     marked = {label for label, mark in [*want.items(), *got.items()] if mark != "-"}
     if not marked:
