@@ -217,6 +217,7 @@ def test_report_is_self_contained(tmp_path):
 
 
 FSDP_SCRIPT = """
+import os
 import sys
 from types import SimpleNamespace
 
@@ -274,6 +275,8 @@ if rank == 0:
     print(f"RESULT sharded={sharded} diff={diff:.3e} ema_diff={ema_diff:.3e} keys={keys}")
 dist.barrier()  # without it a rank may tear down gloo while the other is still in it: 'terminate called' (2 in 20)
 dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # the sharded modules still hold the gloo group; its teardown at interpreter exit can abort
 """
 
 
