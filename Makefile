@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.mmgrpo-installed
 OFFLINE := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 
-.PHONY: install demo demo-clean test docs bench gpu-check clean
+.PHONY: install demo demo-clean test docs bench bench-efficiency gpu-check clean
 
 $(STAMP): pyproject.toml requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -37,6 +37,13 @@ docs: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(OFFLINE) $(PY) bench/run_all.py
+
+# issue 15's efficiency race (bench/_flow_efficiency.py), too long for `make bench` (about 85 minutes a seed): both seeds
+# again, then docs/performance.md's rows from the newest races
+bench-efficiency: $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,bench]"
+	$(OFFLINE) $(PY) bench/_flow_efficiency.py --seeds 0 1 --again
+	$(OFFLINE) $(PY) bench/run_all.py --assemble
 
 gpu-check: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/mmgrpo doctor

@@ -1,6 +1,6 @@
 """Run every benchmark script in bench/ (each in its own niced subprocess, with a timeout) and write bench/results.md.
 
-Run: python bench/run_all.py [--only flow vlm] [--timeout 900]; `make bench` calls it with no arguments.
+Run: python bench/run_all.py [--only flow vlm] [--timeout 900] [--assemble]; `make bench` calls it with no arguments.
 """
 
 import argparse
@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", nargs="+", default=None, help="benchmark names to run (default: all)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per script before it is stopped")
     ap.add_argument("--list", action="store_true", help="print the benchmark names and exit")
+    ap.add_argument(
+        "--assemble", action="store_true", help="run nothing: rebuild results.md and the table from bench/sections"
+    )
     args = ap.parse_args(argv)
     names = discover()
     if args.list:
@@ -89,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--only {' '.join(unknown)}: no such benchmark; choose from {', '.join(names)}", file=sys.stderr)
             return 2
         names = [n for n in names if n in args.only]
+    if args.assemble:
+        names = []
     results = [run_one(n, args.timeout) for n in names]  # every script runs, even after a failure
     ok = all(r[0] for r in results)
     header = results_header(machine(), now_utc(), git_commit())

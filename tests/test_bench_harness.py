@@ -221,6 +221,27 @@ def test_run_all_rejects_unknown_names(capsys):
 # ---- fitted slopes and the flow bench's transition count
 
 
+def test_run_all_assemble_runs_no_script(monkeypatch):
+    calls = []
+    monkeypatch.setattr(run_all, "run_one", lambda *a, **k: calls.append(a) or (True, 0.0))
+    monkeypatch.setattr(run_all, "assemble_results", lambda **k: calls.append("assembled"))
+    monkeypatch.setattr(run_all, "update_readme", lambda table: False)
+    assert run_all.main(["--assemble"]) == 0
+    assert calls == ["assembled"]
+
+
+def test_efficiency_store_keeps_the_newest_race_per_seed():
+    from bench._flow_efficiency import newest
+
+    rows = [
+        {"budget": 1200, "seed": 1, "when": "a"},
+        {"budget": 1200, "seed": 0, "when": "b"},
+        {"budget": 600, "seed": 0, "when": "c"},
+        {"budget": 1200, "seed": 0, "when": "d"},  # `--again` appended a second race of seed 0
+    ]
+    assert [r["when"] for r in newest(rows)] == ["c", "d", "a"]
+
+
 def test_fit_slope_is_least_squares():
     slope = common.fit_slope
     # y = 2x + 1 exactly -> 2; points (0,0), (1,1), (2,0): mean x 1, mean y 1/3, cov 0 -> 0
