@@ -19,6 +19,9 @@ PARTS = (
     ROOT / "assets" / "shapes-vlm-parts"
 )  # the arithmetic RL recipe's base (configs/vlm/shapes_vqa_arithmetic.yaml)
 EARLY = ROOT / "assets" / "shapes-video-early"  # the grounding RL recipe's base (configs/video/shapes_grounding.yaml)
+VPARTS = (
+    ROOT / "assets" / "shapes-video-parts"
+)  # the video QA RL recipe's base (configs/video/shapes_videoqa_count.yaml)
 MAX_BYTES = 20 * 2**20
 VQA_N, VIDEO_N = 48, 24
 """fixed test samples (the first N records of the test split, seed 0) for the accuracy bands"""
@@ -223,7 +226,9 @@ def _load(path):
     return AutoProcessor.from_pretrained(path), AutoModelForImageTextToText.from_pretrained(path)
 
 
-@pytest.mark.parametrize("path", [VLM, VIDEO, PARTS, EARLY], ids=["vlm", "video", "vlm-parts", "video-early"])
+@pytest.mark.parametrize(
+    "path", [VLM, VIDEO, PARTS, EARLY, VPARTS], ids=["vlm", "video", "vlm-parts", "video-early", "video-parts"]
+)
 def test_shipped_folder_layout_and_size(path):
     processor, model = _load(path)
     names = {p.name for p in path.iterdir()}

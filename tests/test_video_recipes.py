@@ -127,6 +127,14 @@ def test_every_recipe_validates():
         assert text.startswith("#") and "Run:" in text and "Expected:" in text
 
 
+def test_video_qa_count_recipe_starts_from_the_parts_base_with_t_grpo_on():
+    cfg = load_config(ROOT / "configs" / "video" / "shapes_videoqa_count.yaml")
+    kw = cfg.pipeline.kwargs
+    assert kw["model"] == "assets/shapes-video-parts" and (ROOT / kw["model"] / "model.safetensors").is_file()
+    assert kw["temporal"] == "generate" and cfg.algo.advantage == "grpo_bonus"  # T-GRPO's temporal contrast on
+    assert "temporal_contrast" in [r.name for r in cfg.rewards]
+
+
 def test_grounding_recipe_starts_from_the_shipped_model_and_its_tempsamp_variant_fits(cache):
     """The CPU recipe trains assets/shapes-video-early (the early stop that leaves grounding room for RL); its
     documented TempSamp variant builds as written: the default injected answer (31 tokens) fits the recipe's
