@@ -1,6 +1,10 @@
 """Shared pytest setup: offline hub, deterministic torch, small thread count for the 2-core CI machine."""
 
 import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 # must precede any huggingface_hub import: offline calls fail at once instead of retrying DNS for minutes
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -26,3 +30,20 @@ def tiny_sd3(tmp_path_factory):
     from pipelines.flow.tiny import save_tiny
 
     return save_tiny("sd3", tmp_path_factory.mktemp("tiny_sd3") / "sd3")
+
+
+@pytest.fixture
+def two_ranks():
+    """Run a script on two CPU ranks with torch.distributed.run on a free port; returns the CompletedProcess."""
+
+    def run(script, *args, timeout=None):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = str(sock.getsockname()[1])
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
+        return subprocess.run(
+            [*cmd, str(script), *map(str, args)], env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+    return run

@@ -1,10 +1,6 @@
 """The engine's multi-process paths: an FSDP2 checkpoint round trip on two CPU ranks and the launch checks
 (DeepSpeed refused, prompts that do not split over the processes)."""
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -79,32 +75,12 @@ os._exit(0)  # the sharded modules still hold the gloo group; its teardown at in
 """
 
 
-def test_fsdp2_checkpoint_state_round_trip(tmp_path):
+def test_fsdp2_checkpoint_state_round_trip(tmp_path, two_ranks):
     """Two CPU ranks under FSDP2: gathered weights and optimizer state, saved by rank 0 and restored into a freshly
     sharded model, continue exactly like the original (the checkpoint path setup.py takes under FSDP)."""
     script = tmp_path / "fsdp_round_trip.py"
     script.write_text(FSDP_SCRIPT)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            port,
-            str(script),
-            str(tmp_path / "state.pt"),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    res = two_ranks(script, tmp_path / "state.pt")
     assert res.returncode == 0, res.stderr[-3000:]
     (line,) = [ln for ln in res.stdout.splitlines() if ln.startswith("RESULT")]
     assert "sharded=DTensor" in line, line

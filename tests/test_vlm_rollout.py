@@ -1,9 +1,6 @@
 """VLM rollout backends: the shared stop rule, the FSDP synced_gpus decision, and batched sampling seeded per prompt
 (both hf loops, against transformers' own sampling). The vLLM backend is in test_vlm_rollout_vllm.py."""
 
-import os
-import sys
-
 import pytest
 import torch
 from torch import nn
@@ -249,41 +246,14 @@ os._exit(0)
 
 
 @pytest.mark.smoke
-def test_rollout_under_fsdp2_with_ranks_finishing_apart(cache, tmp_path):
+def test_rollout_under_fsdp2_with_ranks_finishing_apart(cache, tmp_path, two_ranks):
     """Two CPU ranks, the model sharded as accelerate's FSDP2 does: rank 0 stops after 2 tokens while rank 1 samples
     on. Generation keeps both ranks in step (synced_gpus) and gives what the unsharded model gives. Without
     synced_gpus rank 1 hangs in an all-gather (seen: rank 0 returned, rank 1 killed at a 90 s timeout)."""
-    import socket
-    import subprocess
-    from pathlib import Path
-
     _task(cache)  # writes the tiny model once, before the ranks race to read it
     script = tmp_path / "fsdp_generate.py"
     script.write_text(FSDP_GENERATE)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = str(sock.getsockname()[1])
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
-    res = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc_per_node",
-            "2",
-            "--master_port",
-            port,
-            str(script),
-            cache,
-            str(tmp_path),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
+    res = two_ranks(script, cache, tmp_path, timeout=240)
     assert res.returncode == 0, res.stderr[-3000:]
     for name, row in (("once", 0), ("generate", 1)):  # both sampling loops (decode.py's and transformers')
         lines = [(tmp_path / f"rank{r}.txt").read_text().split(";")[row] for r in range(2)]

@@ -10,22 +10,16 @@ from types import ModuleType, SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from test_vlm_rollout import _task  # the same tiny-model builder as the hf backend tests
 
 from mmgrpo.errors import UserError
 from pipelines.vlm import rollout_vllm
-from pipelines.vlm.build import FORMAT_INSTRUCTION, build_vlm
-
-CPU = torch.device("cpu")
+from pipelines.vlm.build import FORMAT_INSTRUCTION
 
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory):
     return str(tmp_path_factory.mktemp("vlm_vllm_models"))
-
-
-def _task(cache, **kw):
-    kw = {"train_size": 4, "eval_size": 1, "max_new_tokens": 10, **kw}
-    return build_vlm(seed=0, device=CPU, model="tiny-random-qwen2-vl", cache_dir=cache, **kw)
 
 
 class FakeLLM:
