@@ -208,7 +208,7 @@ def test_frames_reach_the_model_through_the_rollout_policy(policy):
             }
         )
     )
-    # measured with the shipped model (2026-11-29, 01:57): grounding mIoU 0.604 real vs 0.000 blank; QA accuracy 0.833
+    # measured with the shipped model (2026-11-29, 01:56): grounding mIoU 0.604 real vs 0.000 blank; QA accuracy 0.833
     # vs 0.333 (direction, order and count all read the frames, assets/README.md)
     assert real[g].mean() >= empty[g].mean() + 0.4  # grounding mIoU
     assert real[N_SAMPLE:].mean() >= empty[N_SAMPLE:].mean() + 0.2  # QA accuracy
