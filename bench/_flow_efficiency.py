@@ -13,7 +13,8 @@ Run:  python bench/_flow_efficiency.py [--seeds 0 1] [--budget 1200] [--marks 4]
       bench/sections/flow_efficiency.jsonl; a seed already stored at that budget is skipped unless --again)
       python bench/_flow_efficiency.py --report          (the section and summary rows from what is stored)
 About 4 x budget + 5 minutes per seed; not part of `make bench` (run_all skips names starting with "_"):
-`make bench-efficiency` re-runs both seeds (--again) and rewrites the section and summary rows.
+`make bench-efficiency` re-runs both seeds (--again), as two processes side by side, and rewrites the section
+and summary rows.
 """
 
 import argparse
