@@ -226,7 +226,7 @@ def write_section(name: str, markdown: str, *, sections_dir: Path | None = None)
     d = Path(sections_dir) if sections_dir is not None else SECTIONS_DIR
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{name}.md"
-    tmp = path.with_suffix(".md.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # own name: seeds may race in parallel processes
     tmp.write_text(markdown.rstrip() + "\n")
     os.replace(tmp, path)
     return path
@@ -242,7 +242,7 @@ def write_summary(name: str, rows: list[tuple[str, str, str]], *, sections_dir: 
     d = Path(sections_dir) if sections_dir is not None else SECTIONS_DIR
     d.mkdir(parents=True, exist_ok=True)
     path = d / f"{name}.summary.json"
-    tmp = path.with_suffix(".json.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps([list(map(str, r)) for r in rows], indent=1) + "\n")
     os.replace(tmp, path)
     return path
@@ -268,7 +268,7 @@ def update_readme(table: str, readme: Path | None = None) -> bool:
         return False
     new = text[: i + len(README_START)] + "\n" + table.strip() + "\n" + text[j:]
     if new != text:
-        tmp = path.with_suffix(".md.tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # own name: seeds may race in parallel processes
         tmp.write_text(new)
         os.replace(tmp, path)
     return True
