@@ -39,9 +39,9 @@ bench: $(STAMP)
 	$(OFFLINE) $(PY) bench/run_all.py
 
 # issue 15's efficiency race (bench/_flow_efficiency.py), too long for `make bench` (about 85 minutes a seed): both seeds
-# again, one process (one thread) each and side by side, so two cores take about 90 minutes; a race times its arms
-# against each other inside its own process, so the other seed's load hits all of them alike. Then
-# docs/performance.md's rows from the newest races.
+# again, one process (one thread) each and side by side, so two cores take about 85 minutes (84 min 21 s from a fresh
+# clone on 2026-11-29); a race times its arms against each other inside its own process, so the other seed's load hits
+# all of them alike. Then docs/performance.md's rows from the newest races.
 bench-efficiency: $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(OFFLINE) $(PY) bench/_flow_efficiency.py --seeds 0 --again & s0=$$!; \

@@ -177,9 +177,10 @@ def report() -> tuple[str, list[dict]]:
     head = ["seed", "arm", "accuracy", "iterations", "start -> end", "change at end, points", "best change",
             "gain, points per minute", "gain per second / all-step's", "time to +5 points", "all-step's time to +5 / arm's"]  # fmt: skip
     marks = stored[-1]["marks"]
+    secs = " and ".join(f"{r['seconds']:.0f}" for r in stored)
     command = (
         f"`python bench/_flow_efficiency.py --seeds {seeds} --budget {budget:.0f} --marks {marks}`, "
-        f"{stored[-1]['when']}, {sum(r['seconds'] for r in stored):.0f} s in all; not run by `make bench` (about "
+        f"{stored[-1]['when']}, {secs} s a race; not run by `make bench` (about "
         f"{4 * budget / 60 + 5:.0f} minutes per seed), so this section stays from its last run. "
         f"Machine: {stored[-1]['machine']}."
     )
