@@ -75,6 +75,18 @@ def test_lora_norm_is_the_norm_of_b_times_a(tmp_path, monkeypatch):
     assert study.lora_norm(None) == 0.0
 
 
+def test_plotted_series_is_mean_and_sd_over_the_base_seeds():
+    # seed 0: 0.30 -> 0.50 (+20.0), seed 1: 0.20 -> 0.25 (+5.0): mean 12.5, sd sqrt((7.5^2 + 7.5^2) / 1) = 10.6066;
+    # at 144 steps only seed 0 ran, so that length is left out (the mean would move with which seeds ran)
+    rows = [_row("a", 0, 0, 0.30), _row("a", 1, 0, 0.20), _row("a", 0, 72, 0.50), _row("a", 1, 72, 0.25)]
+    rows.append(_row("a", 0, 144, 0.60))
+    pts = report.series(rows, "a")
+    assert [p[0] for p in pts] == [0, 72]
+    assert pts[0][1:3] == (0.0, 0.0) and pts[0][4] == 2
+    assert pts[1][1] == pytest.approx(12.5) and pts[1][2] == pytest.approx(10.6066, abs=1e-4)
+    assert pts[1][3] == pytest.approx(2.0)
+
+
 def test_report_keeps_the_hand_written_part(tmp_path):
     doc = tmp_path / "study.md"
     doc.write_text("# Study\n\nfindings\n\n" + report.MARK + "\n\nold tables\n")
@@ -82,3 +94,4 @@ def test_report_keeps_the_hand_written_part(tmp_path):
     text = doc.read_text()
     assert text.startswith("# Study\n\nfindings") and "old tables" not in text
     assert text.index("Held-out change") < text.index("per category") < text.index("Monitors")
+    assert (tmp_path / "img" / "study.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the plot the page links
