@@ -4,6 +4,7 @@ and the monitors. Every number is a mean over the seeds that ran, with the seeds
 Run: python bench/_t2i_study.py --report   (rewrites docs/t2i_study.md's generated part from bench/sections/)
 """
 
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -136,7 +137,7 @@ def series(rows: list[dict], arm: str) -> list[tuple[int, float, float, float, i
         if not at or len(at) < len(base):
             continue  # a length with fewer seeds than the base would move the mean by which seeds ran
         ch = change(at, base, "all", "strict") if steps else [0.0] * len(at)
-        sd = (sum((c - _mean(ch)) ** 2 for c in ch) / (len(ch) - 1)) ** 0.5 if len(ch) > 1 else 0.0
+        sd = statistics.stdev(ch) if len(ch) > 1 else 0.0
         objects = _mean([r["test"]["all"]["objects"] for r in at.values()])
         out.append((steps, _mean(ch), sd, objects, len(ch)))
     return out
@@ -153,8 +154,8 @@ def plot(rows: list[dict], png: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=100)
-    for i, arm in enumerate(a for a in PLOTTED if series(rows, a)):
-        pts = series(rows, arm)
+    drawn = {arm: pts for arm in PLOTTED if (pts := series(rows, arm))}
+    for i, (arm, pts) in enumerate(drawn.items()):
         steps = [p[0] for p in pts]
         demo = arm == PLOTTED[0]
         label = f"{arm} (the demo recipe)" if demo else arm
