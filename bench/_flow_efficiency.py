@@ -167,6 +167,15 @@ def newest(rows: list[dict]) -> list[dict]:
     return sorted(last.values(), key=lambda r: (r["budget"], r["seed"]))
 
 
+def races(stored: list[dict]) -> str:
+    """When, how long and on which machine each seed raced: seeds may run on different days and machines, and an
+    iteration's seconds (so the iterations in a budget) are the machine's."""
+    return " ".join(
+        f"Seed {r['seed']}: {r['when']}, {r['seconds']:.0f} s, {r['machine'].split(', load average')[0]}."
+        for r in stored
+    )
+
+
 def report() -> tuple[str, list[dict]]:
     stored = newest(load_store())
     if not stored:
@@ -177,12 +186,10 @@ def report() -> tuple[str, list[dict]]:
     head = ["seed", "arm", "accuracy", "iterations", "start -> end", "change at end, points", "best change",
             "gain, points per minute", "gain per second / all-step's", "time to +5 points", "all-step's time to +5 / arm's"]  # fmt: skip
     marks = stored[-1]["marks"]
-    secs = " and ".join(f"{r['seconds']:.0f}" for r in stored)
     command = (
-        f"`python bench/_flow_efficiency.py --seeds {seeds} --budget {budget:.0f} --marks {marks}`, "
-        f"{stored[-1]['when']}, {secs} s a race; not run by `make bench` (about "
-        f"{4 * budget / 60 + 5:.0f} minutes per seed), so this section stays from its last run. "
-        f"Machine: {stored[-1]['machine']}."
+        f"`python bench/_flow_efficiency.py --seeds {seeds} --budget {budget:.0f} --marks {marks}`; not run by "
+        f"`make bench` (about {4 * budget / 60 + 5:.0f} minutes per seed), so this section stays from its last run. "
+        f"{races(stored)}"
     )
     setting = (
         "Every arm is `configs/flow/shapes_t2i_nft.yaml` (8 prompts x 8 samples a step, constant lr 1e-3, partial "

@@ -242,6 +242,20 @@ def test_efficiency_store_keeps_the_newest_race_per_seed():
     assert [r["when"] for r in newest(rows)] == ["c", "d", "a"]
 
 
+def test_efficiency_report_names_each_race_machine():
+    """Races of different seeds can run on different machines; the section names each one's, without the load."""
+    from bench._flow_efficiency import races
+
+    rows = [
+        {"seed": 0, "when": "2026-11-29 10:20 UTC", "seconds": 4987.2, "machine": "Intel Xeon, 2/2 cores usable, load average 2.0/2.0/2.0 (1/5/15 min), torch 2"},
+        {"seed": 2, "when": "2026-11-29 14:24 UTC", "seconds": 5139.0, "machine": "AMD EPYC, 1/2 cores usable, load average 1.0/1.0/1.3 (1/5/15 min), torch 2"},
+    ]  # fmt: skip
+    assert races(rows) == (
+        "Seed 0: 2026-11-29 10:20 UTC, 4987 s, Intel Xeon, 2/2 cores usable. "
+        "Seed 2: 2026-11-29 14:24 UTC, 5139 s, AMD EPYC, 1/2 cores usable."
+    )
+
+
 def test_fit_slope_is_least_squares():
     slope = common.fit_slope
     # y = 2x + 1 exactly -> 2; points (0,0), (1,1), (2,0): mean x 1, mean y 1/3, cov 0 -> 0
