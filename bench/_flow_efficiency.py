@@ -19,7 +19,6 @@ and summary rows.
 
 import argparse
 import json
-import re
 import sys
 import tempfile
 import time
@@ -171,10 +170,7 @@ def newest(rows: list[dict]) -> list[dict]:
 def races(stored: list[dict]) -> str:
     """When, how long and on which machine each seed raced: seeds may run on different days and machines, and an
     iteration's seconds (so the iterations in a budget) are the machine's."""
-    return " ".join(
-        f"Seed {r['seed']}: {r['when']}, {r['seconds']:.0f} s, {re.sub(r', load average [^,]*', '', r['machine'])}."
-        for r in stored
-    )
+    return " ".join(f"Seed {r['seed']}: {r['when']}, {r['seconds']:.0f} s, {r['machine']}." for r in stored)
 
 
 def report() -> tuple[str, list[dict]]:

@@ -243,7 +243,7 @@ def test_efficiency_store_keeps_the_newest_race_per_seed():
 
 
 def test_efficiency_report_names_each_race_machine():
-    """Races of different seeds can run on different machines; the section names each one's, without the load average."""
+    """Races of different seeds can run on different machines; the section names each one's."""
     from bench._flow_efficiency import races
 
     rows = [
@@ -251,8 +251,8 @@ def test_efficiency_report_names_each_race_machine():
         {"seed": 2, "when": "2026-11-29 14:24 UTC", "seconds": 5139.0, "machine": "AMD EPYC, 1/2 cores usable, load average 1.0/1.0/1.3 (1/5/15 min), torch 2"},
     ]  # fmt: skip
     assert races(rows) == (
-        "Seed 0: 2026-11-29 10:20 UTC, 4987 s, Intel Xeon, 2/2 cores usable, torch 2. "
-        "Seed 2: 2026-11-29 14:24 UTC, 5139 s, AMD EPYC, 1/2 cores usable, torch 2."
+        "Seed 0: 2026-11-29 10:20 UTC, 4987 s, Intel Xeon, 2/2 cores usable, load average 2.0/2.0/2.0 (1/5/15 min), torch 2. "
+        "Seed 2: 2026-11-29 14:24 UTC, 5139 s, AMD EPYC, 1/2 cores usable, load average 1.0/1.0/1.3 (1/5/15 min), torch 2."
     )
 
 
