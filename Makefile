@@ -38,13 +38,14 @@ bench: $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,bench]"
 	$(OFFLINE) $(PY) bench/run_all.py
 
-# issue 15's efficiency race (bench/_flow_efficiency.py), too long for `make bench` (about 85 minutes a seed): both seeds
-# again, one process (one thread) each and side by side, so two cores take about 85 minutes (84 min 21 s from a fresh
-# clone on 2026-11-29); a race times its arms against each other inside its own process, so the other seed's load hits
-# all of them alike. Then docs/performance.md's rows from the newest races.
+# issue 15's efficiency race (bench/_flow_efficiency.py), too long for `make bench` (about 85 minutes a seed): the three
+# seeds again, one process (one thread) per core, seeds 0 then 2 on one and seed 1 on the other, so about 170 minutes
+# (seeds 0 and 1 side by side took 84 min 21 s from a fresh clone on 2026-11-29; seed 2 is about as long again); a race
+# times its arms against each other inside its own process, so the other core's load hits all of them alike. Then
+# docs/performance.md's rows from the newest races.
 bench-efficiency: $(STAMP)
 	$(PY) -m pip install -q -e ".[dev,bench]"
-	$(OFFLINE) $(PY) bench/_flow_efficiency.py --seeds 0 --again & s0=$$!; \
+	$(OFFLINE) $(PY) bench/_flow_efficiency.py --seeds 0 2 --again & s0=$$!; \
 	$(OFFLINE) $(PY) bench/_flow_efficiency.py --seeds 1 --again; s1=$$?; \
 	wait $$s0 && test $$s1 -eq 0
 	$(OFFLINE) $(PY) bench/run_all.py --assemble

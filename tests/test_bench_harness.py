@@ -343,8 +343,25 @@ def test_flow_efficiency_time_to_gain_and_ratios():
     gain, t5 = fe.ratios({fe.BASE: {"curve": slow}, "x": {"curve": fast}}, "x", "strict")
     assert gain == f"{fe.slope(fast, 'strict') / fe.slope(slow, 'strict'):.2f}x" and t5 == "1.00x"
     gain, t5 = fe.ratios({fe.BASE: {"curve": flat}, "x": {"curve": fast}}, "x", "strict")
-    assert gain.startswith("n/a") and t5 == ">= 2.00x (all-step never +5)"
+    assert gain == "n/a (all-step never clearly +5)" and t5 == ">= 2.00x (all-step never +5)"
     assert fe.ratios({fe.BASE: {"curve": slow}, "x": {"curve": flat}}, "x", "strict")[1] == "n/a (never +5)"
+
+
+def test_flow_efficiency_gain_over_the_longest_budget_where_all_step_clearly_learned():
+    """All-step clear at 600 s (+8, s.e. 3) and not after (+6 and +4 < 2 s.e. or < 5): the ratio is over 0-600 s."""
+    from bench import _flow_efficiency as fe
+
+    fading = _curve([(0, 0, 0), (300, 4, 2), (600, 8, 3), (900, 6, 4), (1200, 4, 2)])
+    rising = _curve([(0, 0, 0), (300, 10, 2), (600, 20, 2), (900, 30, 2), (1200, 40, 2)])
+    assert not fe.learned(fading, "strict") and fe.learned_marks(fading, "strict") == 3
+    # over x = 0, 300, 600 (mean 300): all-step y = 0, 4, 8 -> slope 8/600 per s; the arm y = 0, 10, 20 -> 20/600;
+    # ratio 20/8 = 2.5. Over the whole budget all-step's y = 0, 4, 8, 6, 4 (mean 4.4): sum dx dy = 600*4.4 + 300*0.4
+    # + 0 + 300*1.6 - 600*0.4 = 3000, / 900000 -> 4 points per 1200 s against the arm's 40: 10x, a fade read as a gain.
+    assert abs(fe.slope(rising, "strict") / fe.slope(fading, "strict") - 10.0) < 1e-9
+    gain, _ = fe.ratios({fe.BASE: {"curve": fading}, "x": {"curve": rising}}, "x", "strict")
+    assert gain == "2.50x to 600 s"
+    never = _curve([(0, 0, 0), (300, 6, 4), (600, 4, 1)])  # +6 is < 2 s.e., +4 < 5: never clear
+    assert fe.learned_marks(never, "strict") == 0
 
 
 class _FakeArm:
