@@ -90,19 +90,15 @@ def slope(curve: list[dict], metric: str) -> float:
     return 60 * fit_slope([(p["seconds"], p[metric]["change"]) for p in curve])
 
 
-def time_to(curve: list[dict], metric: str, points: float = 5.0) -> float | None:
-    """Training seconds at the first mark whose change is >= `points` and >= 2 standard errors (None: never)."""
-    for p in curve[1:]:
-        c = p[metric]
-        if c["change"] >= points and c["change"] >= 2 * c["se"]:
-            return p["seconds"]
-    return None
-
-
-def clear(point: dict, metric: str) -> bool:
-    """A change that is clearly learned: >= 5 points and >= 2 standard errors."""
+def clear(point: dict, metric: str, points: float = 5.0) -> bool:
+    """A change that is clearly learned: >= `points` and >= 2 standard errors."""
     c = point[metric]
-    return c["change"] >= 5 and c["change"] >= 2 * c["se"]
+    return c["change"] >= points and c["change"] >= 2 * c["se"]
+
+
+def time_to(curve: list[dict], metric: str, points: float = 5.0) -> float | None:
+    """Training seconds at the first mark whose change is clear (>= `points`, >= 2 s.e.; None: never)."""
+    return next((p["seconds"] for p in curve[1:] if clear(p, metric, points)), None)
 
 
 def learned(curve: list[dict], metric: str) -> bool:
@@ -120,12 +116,11 @@ def learned_marks(curve: list[dict], metric: str) -> int:
 def gain_text(a: list[dict], b: list[dict], metric: str) -> str:
     """Gain per second of `b` over all-step `a`: over the whole budget if all-step's end is clear, else over the
     longest budget that is (marked "to N s"), else why there is none."""
-    if learned(a, metric):
-        return f"{slope(b, metric) / slope(a, metric):.2f}x"
     k = learned_marks(a, metric)
     if not k:
         return "n/a (all-step never clearly +5)"
-    return f"{slope(b[:k], metric) / slope(a[:k], metric):.2f}x to {a[k - 1]['seconds']:.0f} s"
+    ratio = f"{slope(b[:k], metric) / slope(a[:k], metric):.2f}x"
+    return ratio if k == len(a) else f"{ratio} to {a[k - 1]['seconds']:.0f} s"
 
 
 def ratios(arms: dict, name: str, metric: str) -> tuple[str, str]:
