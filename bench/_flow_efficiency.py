@@ -101,11 +101,6 @@ def time_to(curve: list[dict], metric: str, points: float = 5.0) -> float | None
     return next((p["seconds"] for p in curve[1:] if clear(p, metric, points)), None)
 
 
-def learned(curve: list[dict], metric: str) -> bool:
-    """All-step clearly learned over the whole budget: its change at the end is clear."""
-    return clear(curve[-1], metric)
-
-
 def learned_marks(curve: list[dict], metric: str) -> int:
     """How many marks (the start included) make the longest budget at whose end all-step's change is clear; 0 if none.
     Issue 15 asks for the ratio "over a budget where all-step has clearly learned": where all-step's end is not clear,

@@ -339,7 +339,8 @@ def test_flow_efficiency_time_to_gain_and_ratios():
     # x = 0..1200 by 300 (mean 600), y = 0,2,6,8,10 (mean 5.2): sum dx dy = 600*5.2+300*3.2+0+300*2.8+600*4.8 = 7800,
     # sum dx^2 = 2*(360000+90000) = 900000 -> 0.008667 per s = 0.52 per minute
     assert abs(fe.slope(slow, "strict") - 0.52) < 1e-9
-    assert fe.learned(slow, "strict") and not fe.learned(flat, "strict")
+    # the whole budget is clearly learned when the longest clear prefix is every mark
+    assert fe.learned_marks(slow, "strict") == len(slow) and fe.learned_marks(flat, "strict") != len(flat)
     gain, t5 = fe.ratios({fe.BASE: {"curve": slow}, "x": {"curve": fast}}, "x", "strict")
     assert gain == f"{fe.slope(fast, 'strict') / fe.slope(slow, 'strict'):.2f}x" and t5 == "1.00x"
     gain, t5 = fe.ratios({fe.BASE: {"curve": flat}, "x": {"curve": fast}}, "x", "strict")
@@ -353,7 +354,7 @@ def test_flow_efficiency_gain_over_the_longest_budget_where_all_step_clearly_lea
 
     fading = _curve([(0, 0, 0), (300, 4, 2), (600, 8, 3), (900, 6, 4), (1200, 4, 2)])
     rising = _curve([(0, 0, 0), (300, 10, 2), (600, 20, 2), (900, 30, 2), (1200, 40, 2)])
-    assert not fe.learned(fading, "strict") and fe.learned_marks(fading, "strict") == 3
+    assert fe.learned_marks(fading, "strict") == 3 != len(fading)
     # over x = 0, 300, 600 (mean 300): all-step y = 0, 4, 8 -> slope 8/600 per s; the arm y = 0, 10, 20 -> 20/600;
     # ratio 20/8 = 2.5. Over the whole budget all-step's y = 0, 4, 8, 6, 4 (mean 4.4): sum dx dy = 600*4.4 + 300*0.4
     # + 0 + 300*1.6 - 600*0.4 = 3000, / 900000 -> 4 points per 1200 s against the arm's 40: 10x, a fade read as a gain.
