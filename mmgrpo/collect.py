@@ -3,6 +3,7 @@
 Every rank rolls out its own slice of the global prompt batch; rewards are gathered so all ranks agree.
 """
 
+import inspect
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,6 +12,7 @@ import torch
 from torch import Tensor
 
 from mmgrpo import budget, sampling
+from mmgrpo.advantages import ADVANTAGES
 from mmgrpo.errors import RewardFailed, UserError
 from mmgrpo.reward import RewardError
 from mmgrpo.runtime import all_gather, all_sum, any_rank, first_message, prompt_seed
@@ -224,6 +226,18 @@ def _ragged_round(run, prompts: list[dict], seeds: list[int], sizes: list[int], 
     return rollout, per_reward, total, real, t_begin + t_roll
 
 
+def _flat_bound(algo) -> float | None:
+    """The reward under which a flat group still has a gradient under algo.advantage, else None.
+
+    Why: the filter drops the groups that carry no gradient; NGRPO's virtual best sample gives an all-wrong group
+    negative advantages, so only its all-at-max_reward groups are flat (the estimator names the kwarg by meta)."""
+    key = ADVANTAGES.meta(algo.advantage).get("flat_below")
+    if key is None:
+        return None
+    default = inspect.signature(ADVANTAGES.get(algo.advantage)).parameters[key].default
+    return float(algo.advantage_kwargs.get(key, default))
+
+
 def collect(run, step: int) -> Batch:
     """Roll out and score one step's batch; with filter_zero_std drop flat groups, with refill roll out more."""
     cfg, acc = run.cfg, run.accelerator
@@ -236,7 +250,7 @@ def collect(run, step: int) -> Batch:
             seconds[k] = seconds.get(k, 0.0) + v
         keep = torch.ones(b_local, dtype=torch.bool)
         if cfg.sample.filter_zero_std and torch.isfinite(total[real] if real is not None else total).all():
-            keep = sampling.group_keep_mask(total.view(b_local, g))  # [B_local]
+            keep = sampling.group_keep_mask(total.view(b_local, g), below=_flat_bound(cfg.algo))  # [B_local]
         parts.append((ids, prompts, rollout, per_reward, total, keep))
         rounds += 1
         kept = sum(int(p[5].sum()) for p in parts)

@@ -12,7 +12,7 @@ from torch import Tensor
 # ---------------------------------------------------------------- zero-variance filter
 
 
-def group_keep_mask(rewards: Tensor, *, atol: float = 0.0, rtol: float = 1e-6) -> Tensor:
+def group_keep_mask(rewards: Tensor, *, atol: float = 0.0, rtol: float = 1e-6, below: float | None = None) -> Tensor:
     """True for the groups whose rewards are not all equal, i.e. that give a non-zero GRPO advantage.
 
     DAPO dynamic sampling (arXiv:2503.14476), decided on the outcome spread rather than the mean, so it also holds for
@@ -25,6 +25,9 @@ def group_keep_mask(rewards: Tensor, *, atol: float = 0.0, rtol: float = 1e-6) -
         rewards: [B, G] (or [B, G, R]: kept when any of the R rewards varies); NaN/inf entries (ragged groups
             padded with NaN) are ignored.
         atol, rtol: tolerance under which rewards count as equal (torch.isclose-style).
+        below: also keep a flat group whose rewards all lie under this value by more than the tolerance, for
+            estimators that give such a group a gradient (NGRPO's virtual best sample: an all-wrong group gets
+            negative advantages). None: flat groups are dropped.
     Returns:
         bool [B] on the rewards' device. A group with fewer than two finite rewards (G = 1) is never kept.
     """
@@ -43,7 +46,11 @@ def group_keep_mask(rewards: Tensor, *, atol: float = 0.0, rtol: float = 1e-6) -
     enough = finite.sum(dim=1) >= 2  # [B, R]
     spread = torch.where(enough, hi - lo, 0.0)  # [B, R]
     scale = torch.where(enough, torch.maximum(hi.abs(), lo.abs()), 0.0)  # [B, R]
-    return (enough & (spread > atol + rtol * scale)).any(dim=-1)  # [B]
+    keep = (enough & (spread > atol + rtol * scale)).any(dim=-1)  # [B]
+    if below is not None:
+        gap = below - hi  # [B, R] distance of the group's best reward under `below`
+        keep = keep | (enough & (gap > atol + rtol * abs(below))).all(dim=-1)  # [B]
+    return keep
 
 
 def zero_std_fraction(rewards: Tensor, *, atol: float = 0.0, rtol: float = 1e-6) -> float:

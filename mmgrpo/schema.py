@@ -92,7 +92,8 @@ class SampleConfig:
     sampler_kwargs: dict = field(default_factory=dict)
     """keyword arguments of the prompt sampler"""
     filter_zero_std: bool = False
-    """drop groups whose rewards are all equal (they carry no gradient), DAPO arXiv:2503.14476"""
+    """drop groups whose rewards are all equal (they carry no gradient), DAPO arXiv:2503.14476; under
+    algo.advantage=ngrpo only the groups all at max_reward (an all-wrong group gets negative advantages there)"""
     refill: bool = False
     """with filter_zero_std: roll out more prompts until the batch is full again (DAPO dynamic sampling)"""
     max_refill_rounds: int = 4

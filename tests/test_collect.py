@@ -80,7 +80,9 @@ def _reward_set(samples, texts, group_size, scores):
     return total[:, None], total
 
 
-def _run(rounds: list[list[int]], *, refill: bool, max_rounds: int = 3, diversity_weight: float = 0.0):
+def _run(
+    rounds: list[list[int]], *, refill: bool, max_rounds: int = 3, diversity_weight: float = 0.0, advantage="grpo"
+):
     g, flat = 2, {0, 1, 2}
     data = [{"prompt": f"p{i}", "scores": [0.5, 0.5] if i in flat else [0.0, 1.0]} for i in range(8)]
     said = []
@@ -95,6 +97,7 @@ def _run(rounds: list[list[int]], *, refill: bool, max_rounds: int = 3, diversit
                 max_refill_rounds=max_rounds,
                 allocator="uniform",
             ),
+            algo=SimpleNamespace(advantage=advantage, advantage_kwargs={}),
         ),
         accelerator=SimpleNamespace(num_processes=1, process_index=0, device=torch.device("cpu")),
         sampler=_Scripted(rounds, diversity_weight),
@@ -127,6 +130,14 @@ def test_refill_pads_with_masked_flat_groups_when_rounds_run_out():
 def test_without_refill_flat_groups_are_masked_in_one_round():
     batch, _, _ = _run([[0, 3, 1]], refill=False)
     assert batch.rounds == 1 and batch.prompt_ids == [0, 3, 1] and batch.keep.tolist() == [False, True, False]
+
+
+def test_ngrpo_keeps_flat_groups_below_its_best_reward():
+    # the flat prompts score 0.5, under NGRPO's default max_reward 1: its virtual best sample gives them a gradient,
+    # so the filter keeps every group of round 0 and refill stops after one round
+    batch, _, said = _run([[0, 3, 1]], refill=True, advantage="ngrpo")
+    assert batch.rounds == 1 and batch.prompt_ids == [0, 3, 1] and batch.keep.tolist() == [True, True, True]
+    assert said == []
 
 
 def test_diversity_reaches_the_sampler():

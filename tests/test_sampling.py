@@ -44,6 +44,31 @@ def test_keep_mask_tolerance():
         group_keep_mask(r, atol=-1.0)
 
 
+def test_keep_mask_below_keeps_flat_groups_under_the_best_reward():
+    # NGRPO (arXiv:2509.18851) gives an all-wrong group negative advantages, so with below = max_reward = 1.5
+    # (format 0.5 + accuracy 1) only the group flat at 1.5 carries no gradient: rows flat at 0.5 and 0.0 are kept,
+    # the varied row is kept as always, the row at 1.5 is dropped (gap 0 is not > 0 + 1e-6 * 1.5)
+    r = torch.tensor([[0.5, 0.5, 0.5], [0.0, 0.0, 0.0], [0.5, 1.5, 0.5], [1.5, 1.5, 1.5]], dtype=torch.float64)
+    assert group_keep_mask(r, below=1.5).tolist() == [True, True, True, False]
+    assert group_keep_mask(r).tolist() == [False, False, True, False]  # below=None: DAPO's filter
+    # a flat group at 1.4999999 lies within rtol * |below| = 1.5e-6 of the best reward: treated as at it, dropped
+    assert group_keep_mask(torch.tensor([[1.4999999, 1.4999999]], dtype=torch.float64), below=1.5).tolist() == [False]
+    assert group_keep_mask(torch.tensor([[1.0], [0.0]]), below=1.0).tolist() == [False, False]  # G = 1 never kept
+
+
+def test_flat_bound_follows_the_estimator():
+    from types import SimpleNamespace
+
+    from mmgrpo.collect import _flat_bound
+
+    def algo(name, **kw):
+        return SimpleNamespace(advantage=name, advantage_kwargs=kw)
+
+    assert _flat_bound(algo("grpo")) is None  # a flat group gives grpo exactly 0
+    assert _flat_bound(algo("ngrpo")) == 1.0  # ngrpo's default max_reward
+    assert _flat_bound(algo("ngrpo", max_reward=1.5)) == 1.5
+
+
 def test_keep_mask_edge_cases():
     assert group_keep_mask(torch.tensor([[1.0], [0.0]])).tolist() == [False, False]  # G = 1
     # NaN-padded ragged groups: [1, NaN, NaN] has one finite value -> dropped; [0, 1, NaN] varies -> kept

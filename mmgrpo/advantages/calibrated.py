@@ -36,7 +36,7 @@ def gaussian(rewards: Tensor) -> Tensor:
     return _out(torch.where(_flat(r), 0.0, adv))
 
 
-@ADVANTAGES.register("ngrpo", input="scalar")
+@ADVANTAGES.register("ngrpo", input="scalar", flat_below="max_reward")
 def ngrpo(rewards: Tensor, *, max_reward: float = 1.0, eps: float = 1e-6, ddof: int = 1) -> Tensor:
     """NGRPO advantage calibration: group statistics taken with one virtual sample scoring the maximum reward.
 
