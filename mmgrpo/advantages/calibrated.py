@@ -44,7 +44,8 @@ def ngrpo(rewards: Tensor, *, max_reward: float = 1.0, eps: float = 1e-6, ddof: 
     r' = (r_b1, ..., r_bG, max_reward): A_bg = (r_bg - mean(r')) / (std(r', ddof) + eps). An all-wrong group
     (every r = 0 < max_reward) then gets negative advantages instead of 0, so failures still teach; a group that
     is all at max_reward stays flat and gets exactly 0. NGRPO's other half, asymmetric clipping, is algo.loss
-    clipped with clip_high > clip_low.
+    clipped with clip_high > clip_low. Registered with flat_below="max_reward": sample.filter_zero_std then drops
+    only the groups all at max_reward.
 
     Args:
         rewards: [B, G] scalar rewards, none above max_reward.
