@@ -244,13 +244,14 @@ def collect(run, step: int) -> Batch:
     g = cfg.sample.group_size
     b_local = cfg.sample.batch_size // g // acc.num_processes
     parts, rounds, seconds = [], 0, {}
+    below = _flat_bound(cfg.algo) if cfg.sample.filter_zero_std else None
     while True:
         ids, prompts, rollout, per_reward, total, secs, real = _one_round(run, step, rounds)
         for k, v in secs.items():
             seconds[k] = seconds.get(k, 0.0) + v
         keep = torch.ones(b_local, dtype=torch.bool)
         if cfg.sample.filter_zero_std and torch.isfinite(total[real] if real is not None else total).all():
-            keep = sampling.group_keep_mask(total.view(b_local, g), below=_flat_bound(cfg.algo))  # [B_local]
+            keep = sampling.group_keep_mask(total.view(b_local, g), below=below)  # [B_local]
         parts.append((ids, prompts, rollout, per_reward, total, keep))
         rounds += 1
         kept = sum(int(p[5].sum()) for p in parts)

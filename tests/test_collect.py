@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from mmgrpo import sampling
-from mmgrpo.collect import cat_rollouts, collect, reward_fields, select_groups
+from mmgrpo.collect import _flat_bound, cat_rollouts, collect, reward_fields, select_groups
 from mmgrpo.types import Rollout
 
 
@@ -138,6 +138,15 @@ def test_ngrpo_keeps_flat_groups_below_its_best_reward():
     batch, _, said = _run([[0, 3, 1]], refill=True, advantage="ngrpo")
     assert batch.rounds == 1 and batch.prompt_ids == [0, 3, 1] and batch.keep.tolist() == [True, True, True]
     assert said == []
+
+
+def test_flat_bound_follows_the_estimator():
+    def algo(name, **kw):
+        return SimpleNamespace(advantage=name, advantage_kwargs=kw)
+
+    assert _flat_bound(algo("grpo")) is None  # a flat group gives grpo exactly 0
+    assert _flat_bound(algo("ngrpo")) == 1.0  # ngrpo's default max_reward
+    assert _flat_bound(algo("ngrpo", max_reward=1.5)) == 1.5
 
 
 def test_diversity_reaches_the_sampler():

@@ -56,19 +56,6 @@ def test_keep_mask_below_keeps_flat_groups_under_the_best_reward():
     assert group_keep_mask(torch.tensor([[1.0], [0.0]]), below=1.0).tolist() == [False, False]  # G = 1 never kept
 
 
-def test_flat_bound_follows_the_estimator():
-    from types import SimpleNamespace
-
-    from mmgrpo.collect import _flat_bound
-
-    def algo(name, **kw):
-        return SimpleNamespace(advantage=name, advantage_kwargs=kw)
-
-    assert _flat_bound(algo("grpo")) is None  # a flat group gives grpo exactly 0
-    assert _flat_bound(algo("ngrpo")) == 1.0  # ngrpo's default max_reward
-    assert _flat_bound(algo("ngrpo", max_reward=1.5)) == 1.5
-
-
 def test_keep_mask_edge_cases():
     assert group_keep_mask(torch.tensor([[1.0], [0.0]])).tolist() == [False, False]  # G = 1
     # NaN-padded ragged groups: [1, NaN, NaN] has one finite value -> dropped; [0, 1, NaN] varies -> kept
