@@ -82,3 +82,28 @@ def where_record(record: dict[str, Any], rng) -> dict[str, Any] | None:
     think = f"{axis} {mark}"
     prompt = f"Which {word} is the {obj['color']} {obj['shape']} in?"
     return dict(record, prompt=prompt, answers=str(cell), category="where", think=think)
+
+
+POSITION_PROMPT = re.compile(r"^Is the (\w+ \w+) (left of|above) the (\w+ \w+)\?$")
+
+
+def think_cells_score(text: str, prompt: str, objects: list[dict[str, Any]]) -> float:
+    """The share of a position think's two marks that name the right token cell: 0, 0.5 or 1; 0 for any other
+    question (nothing to check) or a completion without a <think>. E.g. for "Is the red circle left of the blue
+    square?" with the objects at cx 0.3 and 0.9, "x rc1 bs3" scores 1.0 and "x rc1 bs2" 0.5 (position_think's
+    format: the axis, then each object's initials and its column or row).
+    Why: a process reward on the think's visual claims, checked against the scene (Faithful GRPO's grounding,
+    arXiv:2604.08476, with the scene in place of a judge): an answer is one yes/no bit, the two cells are the
+    steps the model must read from the pixels to get it right."""
+    m = POSITION_PROMPT.match(prompt.strip())
+    think = re.search(r"<think>(.*?)</think>", text, flags=re.DOTALL)
+    if m is None or think is None:
+        return 0.0
+    axis, key = ("x", "cx") if m.group(2) == "left of" else ("y", "cy")
+    by_name = {f"{o['color']} {o['shape']}": o for o in objects}
+    if m.group(1) not in by_name or m.group(3) not in by_name:
+        raise ValueError(f"prompt {prompt!r} names an object that is not in the record's objects {sorted(by_name)}")
+    want = [cell_mark(by_name[m.group(i)], key)[0] for i in (1, 3)]
+    words = think.group(1).split()
+    got = words[1:3] if words[:1] == [axis] else []
+    return sum(g == w for g, w in zip(got, want)) / 2

@@ -1,5 +1,6 @@
 """The ShapesWorld GenEval-style verifier (mmgrpo_shapes/verifier.py) as the registered reward "shapes_geneval", and
-its object count as "shapes_objects" (a monitor: weight 0 logs reward/<label>/mean).
+its object count as "shapes_objects" (a monitor: weight 0 logs reward/<label>/mean); "shapes_think_cells" checks a
+ShapesWorld VQA position think's cells against the record's objects.
 
 The verifier is imported inside the call, so `import rewards` works without the ShapesWorld package (mmgrpo_shapes).
 """
@@ -48,4 +49,28 @@ def shapes_objects() -> Reward:
 
     return FunctionReward(
         batch, name="shapes_objects", input="image", needs_prompts=False, preprocess="verifier detections per image"
+    )
+
+
+@REWARDS.register(
+    "shapes_think_cells", input="text", range="{0, 0.5, 1}", paper="Faithful GRPO grounding (arXiv:2604.08476)"
+)
+def shapes_think_cells() -> Reward:
+    """The share of a ShapesWorld position think's two cell marks that are right ("x rc1 bs3": each object's
+    initials and its token column or row); 0 for other questions. Needs the records' `objects` (shapes_vqa data)."""
+
+    def batch(samples, prompts, objects):
+        # lazy: `import rewards` works without mmgrpo_shapes (see the module docstring)
+        from mmgrpo_shapes.vqa_think import think_cells_score
+
+        return [think_cells_score(t, p, o) for t, p, o in zip(samples, prompts, objects)]
+
+    return FunctionReward(
+        batch,
+        name="shapes_think_cells",
+        input="text",
+        needs_prompts=True,
+        fields=("objects",),
+        required=("objects",),
+        preprocess="position questions' <think> cell marks against the scene's objects; other questions 0",
     )

@@ -27,11 +27,12 @@ import rewards
 from mmgrpo_shapes.dense import TowerTap, batch_targets, log_losses, optimizer, stage_one
 from mmgrpo_shapes.programs.outdir import claim, save_pretrained_whole
 from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, predict, weighted_sft_loss
-from mmgrpo_shapes.vqa import QUESTION_TYPES, make_vqa, question_template, swap_images
+from mmgrpo_shapes.vqa import QUESTION_TYPES, question_template, swap_images
 from mmgrpo_shapes.vqa_think import key_token_weights, think_text, where_record
 from pipelines.video.build import FORMAT_INSTRUCTION as VIDEO_INSTRUCTION
 from pipelines.video.data import shapes_video_records
 from pipelines.vlm.build import FORMAT_INSTRUCTION as VQA_INSTRUCTION
+from pipelines.vlm.data import shapes_vqa_records
 from rewards.rules import temporal_iou
 
 GROUNDING_TEMPLATE = "<think>Find the event.</think><answer>{start:.2f} to {end:.2f}</answer>"
@@ -72,18 +73,8 @@ def target_text(task: str, record: dict[str, Any]) -> str:
 def records(task: str, split: str, n: int, *, seed: int, resolution: int = 32) -> list[dict[str, Any]]:
     """`n` records of `split` exactly as the pipelines build them (VQA rendered at `resolution` px; grounding clips
     cached as mp4)."""
-    if task == "vqa":  # the fields of pipelines.vlm.data.shapes_vqa_records, plus the objects for dense targets
-        return [
-            {
-                "prompt": r["question"],
-                "image": r["image"],
-                "answers": r["answer"],
-                "category": r["type"],
-                "id": r["id"],
-                "objects": r["objects"],
-            }
-            for r in make_vqa(split, n, seed=seed, resolution=resolution)
-        ]
+    if task == "vqa":  # the pipeline's own records, whose objects also give the dense targets
+        return shapes_vqa_records(split, n, seed=seed, resolution=resolution)
     return shapes_video_records(
         split,
         n,

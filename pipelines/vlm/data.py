@@ -1,7 +1,8 @@
 """Prompt records for the VLM pipeline: ShapesWorld VQA generated on the fly, a JSONL file of image paths, or a Hugging
 Face dataset ("hf:NAME", "hf:NAME:SPLIT" or "hf:DIR" saved with save_to_disk; needs the `datasets` package).
 
-A record is {"prompt": question, "image": path | array | list, "answers": str, optional "boxes", "category", "id"};
+A record is {"prompt": question, "image": path | array | list, "answers": str, optional "boxes", "category", "id"
+(ShapesWorld adds "objects", the scene);
 every key but "prompt" reaches the rewards as a field. Images are checked at load time, naming the bad row.
 """
 
@@ -36,7 +37,14 @@ def shapes_vqa_records(
     types = tuple(question_types) if question_types else QUESTION_TYPES
     rows = make_vqa(split, n, seed=seed, resolution=resolution, types=types)
     return [
-        {"prompt": r["question"], "image": r["image"], "answers": r["answer"], "category": r["type"], "id": r["id"]}
+        {
+            "prompt": r["question"],
+            "image": r["image"],
+            "answers": r["answer"],
+            "category": r["type"],
+            "id": r["id"],
+            "objects": r["objects"],  # the scene, for process rewards that check a think (shapes_think_cells)
+        }
         for r in rows
     ]
 
