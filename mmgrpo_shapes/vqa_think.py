@@ -107,3 +107,14 @@ def think_cells_score(text: str, prompt: str, objects: list[dict[str, Any]]) -> 
     words = think.group(1).split()
     got = words[1:3] if words[:1] == [axis] else []
     return sum(g == w for g, w in zip(got, want)) / 2
+
+
+def answer_follows_cells(text: str) -> bool | None:
+    """Whether a position completion's yes/no answer follows its own think's two cells: "yes" exactly when the first
+    named object's column (row) is lower, i.e. further left (higher); None without two different cell digits or an
+    answer. E.g. "<think>x yt1 bs3</think><answer>yes</answer>" -> True, "... x yt3 bs1 ... yes" -> False."""
+    think = re.search(r"<think>\s*[xy]\s+[a-z]{2}(\d)\s+[a-z]{2}(\d)", text)
+    answer = re.search(r"<answer>\s*(yes|no)\s*</answer>", text)
+    if think is None or answer is None or think.group(1) == think.group(2):
+        return None
+    return (answer.group(1) == "yes") == (int(think.group(1)) < int(think.group(2)))

@@ -4,7 +4,7 @@ import pytest
 
 import rewards
 from mmgrpo.collect import reward_fields
-from mmgrpo_shapes.vqa_think import position_think, think_cells_score
+from mmgrpo_shapes.vqa_think import answer_follows_cells, position_think, think_cells_score
 from pipelines.vlm.data import shapes_vqa_records
 
 # yellow triangle cx 0.30 -> column floor(4 * 0.30) = 1, cy 0.74 -> row 2; blue square cx 0.80 -> column 3,
@@ -58,3 +58,20 @@ def test_reward_set_reads_the_pipelines_objects_and_leaves_other_rewards_alone()
     assert total.tolist() == [1.5 if p else 1.0 for p in pos]
     with pytest.raises(ValueError, match="objects"):
         rewards.load("shapes_think_cells")(texts[:1], prompts[:1])
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("<think>x yt1 bs3</think><answer>yes</answer>", True),  # 1 < 3: the first is further left, "yes" follows
+        ("<think>x yt1 bs3</think><answer>no</answer>", False),
+        ("<think>y bs0 yt2</think><answer>yes</answer>", True),  # row 0 is the top: above
+        ("<think>x yt3 bs1</think><answer>yes</answer>", False),
+        ("<think>x yt3 bs1</think><answer>no</answer>", True),
+        ("<think>x yt2 bs2</think><answer>no</answer>", None),  # the same cell: nothing to follow
+        ("<think>Search.</think><answer>yes</answer>", None),
+        ("<think>x yt1 bs3</think>", None),
+    ],
+)
+def test_answer_follows_its_cells_by_hand(text, want):
+    assert answer_follows_cells(text) is want

@@ -13,7 +13,7 @@ import torch
 from mmgrpo_shapes.programs.pretrain_vlm import blind_baseline, encoder, evaluate, records, score
 from mmgrpo_shapes.programs.tiny_vlm import predict
 from mmgrpo_shapes.vqa import TEMPLATE_ANSWERS, question_template
-from mmgrpo_shapes.vqa_think import position_think, where_record
+from mmgrpo_shapes.vqa_think import answer_follows_cells, position_think, think_cells_score, where_record
 
 
 def vqa_chance(split: str = "test", n: int = 300) -> dict[str, float]:
@@ -63,8 +63,9 @@ def model_report(model: str, split: str = "test", n: int = 300, n_train: int = 3
 
 def reading_report(model: str, split: str = "test", n: int = 120) -> str:
     """Whether the model reads an object's token cell: greedy accuracy on the where questions (`where_record`, seed 0)
-    of the first `n` records of `split`, and how often its think on their position questions is exactly
-    `position_think` (both cells right)."""
+    of the first `n` records of `split`; on their position questions, how often its think is exactly `position_think`
+    (both cells right), the share of cell marks right (`think_cells_score`) and how often the answer follows the
+    think's own two cells (`answer_follows_cells`): reading the cells and comparing them are two steps."""
     # lazy: transformers is heavy to import; only loading a saved model needs it
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -76,7 +77,13 @@ def reading_report(model: str, split: str = "test", n: int = 120) -> str:
     pos = [r for r in recs if r["category"] == "position"]
     texts = predict(net, encode, tok, pos, max_new_tokens=24)
     exact = sum(f"<think>{position_think(r)}</think>" in t for t, r in zip(texts, pos)) / max(1, len(pos))
-    return f"where questions: accuracy {acc:.3f} (n {len(where)}); position thinks exact {exact:.3f} (n {len(pos)})"
+    cells = sum(think_cells_score(t, r["prompt"], r["objects"]) for t, r in zip(texts, pos)) / max(1, len(pos))
+    follows = [f for f in map(answer_follows_cells, texts) if f is not None]
+    return (
+        f"where questions: accuracy {acc:.3f} (n {len(where)}); position thinks exact {exact:.3f}, cell marks right "
+        f"{cells:.3f} (n {len(pos)}), answer follows its cells {sum(follows) / max(1, len(follows)):.3f} "
+        f"(n {len(follows)})"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -86,11 +93,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--n", type=int, default=300, help="questions of --split for the model table")
     p.add_argument("--blind-n", type=int, default=1000, help="questions per split for the blind table")
     p.add_argument("--reading", action="store_true", help="with --model: only the where / position-think line")
+    p.add_argument("--reading-n", type=int, default=120, help="records of --split for --reading")
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.model and args.reading:
-        print(reading_report(args.model, args.split), flush=True)
+        print(reading_report(args.model, args.split, args.reading_n), flush=True)
     elif args.model:
         print(model_report(args.model, args.split, args.n), flush=True)
     else:
