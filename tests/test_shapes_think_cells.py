@@ -75,3 +75,17 @@ def test_reward_set_reads_the_pipelines_objects_and_leaves_other_rewards_alone()
 )
 def test_answer_follows_its_cells_by_hand(text, want):
     assert answer_follows_cells(text) is want
+
+
+def test_reading_report_on_the_shipped_model_names_both_steps():
+    import re
+    from pathlib import Path
+
+    from mmgrpo_shapes.programs.vqa_report import reading_report
+
+    line = reading_report(str(Path(__file__).resolve().parents[1] / "assets" / "shapes-vlm"), "test", 24)
+    pattern = r"where questions: accuracy ([\d.]+) \(n (\d+)\); position thinks exact ([\d.]+), cell marks right ([\d.]+) \(n (\d+)\), answer follows its cells ([\d.]+) \(n (\d+)\)"
+    m = re.fullmatch(pattern, line)
+    assert m, line
+    assert int(m.group(5)) >= 1 and int(m.group(7)) <= int(m.group(5))
+    assert float(m.group(3)) <= float(m.group(4)) <= 1.0  # an exact think has both marks right
