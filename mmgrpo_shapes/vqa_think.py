@@ -35,10 +35,29 @@ def position_think(record: dict[str, Any]) -> str:
     object's initials, each digit is read from the token of the object just named. Two objects share a column in 2
     of 3,000 train questions (answers are only asked when the relation clearly holds), so the digits decide nearly
     every answer."""
-    axis, key = ("x", "cx") if " left of " in record["prompt"] else ("y", "cy")
-    names = re.findall(r"the (\w+ \w+)", record["prompt"])[:2]
+    axis, key, *names = position_question(record["prompt"])
     objs = [next(o for o in record["objects"] if f"{o['color']} {o['shape']}" == name) for name in names]
     return f"{axis} {' '.join(cell_mark(o, key)[0] for o in objs)}"
+
+
+POSITION_PROMPT = re.compile(r"^Is the (\w+ \w+) (left of|above) the (\w+ \w+)\?$")
+
+
+def position_question(prompt: str) -> tuple[str, str, str, str] | None:
+    """(axis "x" | "y", object key "cx" | "cy", first name, second name) of a position question, else None."""
+    m = POSITION_PROMPT.match(prompt.strip())
+    if m is None:
+        return None
+    axis, key = ("x", "cx") if m.group(2) == "left of" else ("y", "cy")
+    return axis, key, m.group(1), m.group(3)
+
+
+def _think_marks(text: str, axis: str | None = None) -> list[str]:
+    """The marks a completion's position think writes after its axis ("x yt1 bs3" -> ["yt1", "bs3"]); [] without a
+    <think>, or when its first word is not `axis` (any of x, y if None)."""
+    think = re.search(r"<think>(.*?)</think>", text, flags=re.DOTALL)
+    words = think.group(1).split() if think else []
+    return words[1:3] if words[:1] and words[0] in ((axis,) if axis else ("x", "y")) else []
 
 
 def think_text(record: dict[str, Any]) -> str:
@@ -84,9 +103,6 @@ def where_record(record: dict[str, Any], rng) -> dict[str, Any] | None:
     return dict(record, prompt=prompt, answers=str(cell), category="where", think=think)
 
 
-POSITION_PROMPT = re.compile(r"^Is the (\w+ \w+) (left of|above) the (\w+ \w+)\?$")
-
-
 def think_cells_score(text: str, prompt: str, objects: list[dict[str, Any]]) -> float:
     """The share of a position think's two marks that name the right token cell: 0, 0.5 or 1; 0 for any other
     question (nothing to check) or a completion without a <think>. E.g. for "Is the red circle left of the blue
@@ -95,26 +111,23 @@ def think_cells_score(text: str, prompt: str, objects: list[dict[str, Any]]) -> 
     Why: a process reward on the think's visual claims, checked against the scene (Faithful GRPO's grounding,
     arXiv:2604.08476, with the scene in place of a judge): an answer is one yes/no bit, the two cells are the
     steps the model must read from the pixels to get it right."""
-    m = POSITION_PROMPT.match(prompt.strip())
-    think = re.search(r"<think>(.*?)</think>", text, flags=re.DOTALL)
-    if m is None or think is None:
+    q = position_question(prompt)
+    if q is None:
         return 0.0
-    axis, key = ("x", "cx") if m.group(2) == "left of" else ("y", "cy")
+    axis, key, *names = q
     by_name = {f"{o['color']} {o['shape']}": o for o in objects}
-    if m.group(1) not in by_name or m.group(3) not in by_name:
+    if any(n not in by_name for n in names):
         raise ValueError(f"prompt {prompt!r} names an object that is not in the record's objects {sorted(by_name)}")
-    want = [cell_mark(by_name[m.group(i)], key)[0] for i in (1, 3)]
-    words = think.group(1).split()
-    got = words[1:3] if words[:1] == [axis] else []
-    return sum(g == w for g, w in zip(got, want)) / 2
+    want = [cell_mark(by_name[n], key)[0] for n in names]
+    return sum(g == w for g, w in zip(_think_marks(text, axis), want)) / 2
 
 
 def answer_follows_cells(text: str) -> bool | None:
     """Whether a position completion's yes/no answer follows its own think's two cells: "yes" exactly when the first
     named object's column (row) is lower, i.e. further left (higher); None without two different cell digits or an
     answer. E.g. "<think>x yt1 bs3</think><answer>yes</answer>" -> True, "... x yt3 bs1 ... yes" -> False."""
-    think = re.search(r"<think>\s*[xy]\s+[a-z]{2}(\d)\s+[a-z]{2}(\d)", text)
+    cells = [m[-1] for m in _think_marks(text) if re.fullmatch(r"[a-z]{2}\d", m)]
     answer = re.search(r"<answer>\s*(yes|no)\s*</answer>", text)
-    if think is None or answer is None or think.group(1) == think.group(2):
+    if len(cells) != 2 or answer is None or cells[0] == cells[1]:
         return None
-    return (answer.group(1) == "yes") == (int(think.group(1)) < int(think.group(2)))
+    return (answer.group(1) == "yes") == (int(cells[0]) < int(cells[1]))
