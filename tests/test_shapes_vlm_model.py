@@ -118,6 +118,23 @@ def test_train_stream_turns_a_fraction_into_where_questions():
     assert "count" in {r["category"] for r in recs}
 
 
+def test_a_blank_position_question_keeps_its_scenes_cell_think():
+    """--blank-types position: the canvas is blank and the objects gone, but the think still names the scene's cells
+    (worked out from the unblanked record of the same stream position), so the base learns the think's format and its
+    prior and RL has the marks to check (shapes_think_cells)."""
+    import itertools
+
+    from mmgrpo_shapes.vqa_think import position_think
+
+    kw = dict(seed=5, chunk=64, types=("position",))
+    real = list(itertools.islice(P.train_stream("vqa", **kw), 20))
+    blank = list(itertools.islice(P.train_stream("vqa", blank=("position",), **kw), 20))
+    assert [r["prompt"] for r in real] == [r["prompt"] for r in blank]  # blanking draws nothing from the stream's rng
+    for r, b in zip(real, blank):
+        assert b["objects"] == [] and b["think"] == position_think(r)  # e.g. "x gt0 bs2" from r's objects
+        assert P.target_text("vqa", b) == f"<think>{b['think']}</think><answer>{r['answers']}</answer>"
+
+
 def test_key_tokens_of_a_vqa_completion_weigh_more_by_hand(tok):
     from mmgrpo_shapes.vqa_think import key_token_weights
 

@@ -195,7 +195,8 @@ def train_stream(task: str, *, seed: int, chunk: int = 512, pool: int = 3000, ty
             if where and rng.random() < where and r["category"] not in blank:
                 r = where_record(r, rng) or r
             if r["category"] in (blank or ()):  # the format and the answer prior, nothing to read from the pixels
-                r = dict(swap_images([r], "blank")[0], objects=[])
+                # the think is fixed before the objects go: a blank position question keeps its scene's cell marks
+                r = dict(swap_images([r], "blank")[0], objects=[], think=think_text(r))
             if not types or r["category"] in types:
                 yield r
         k += 1
