@@ -1,5 +1,6 @@
 """The hf backend's own sampling loop for M-RoPE VLMs (Qwen2/2.5/3-VL): each prompt's image and text are prefilled
-once, the KV cache is repeated G times into a preallocated (static) cache, then the B x G rows decode together.
+once, then the B x G rows decode together over that prompt cache, each prompt's K/V kept once for its G rows
+(shared_decode.py; a static cache holding it G times where text layers use a sliding window).
 
 transformers' `generate` (num_return_sequences=G) repeats every prompt G times before its prefill, so the language
 model encodes each prompt G times (B x G rows); here B rows (the decode steps are the same work). Sampling is
@@ -9,6 +10,7 @@ positions continue after each prompt's last M-RoPE position, as in `generate` an
 (checked in tests/test_vlm_rollout.py).
 """
 
+import contextlib
 from typing import Any
 
 import torch
@@ -17,6 +19,7 @@ from transformers import DynamicCache, StaticCache
 
 from pipelines.vlm.generation import GroupSampler, SamplingPolicy, _StopTracker, left_pad_prompts
 from pipelines.vlm.prefix import SHARED_MODEL_TYPES, mrope_positions
+from pipelines.vlm.shared_decode import SharedPromptCache, shared_text, supports_shared_decode
 from pipelines.vlm.wrapping import unwrap
 
 
@@ -50,6 +53,50 @@ def _all_done(done: bool, synced: bool, device: torch.device) -> bool:
     return float(flag) == 0.0
 
 
+class _SharedCache:
+    """Decode inputs over a SharedPromptCache: each prompt's K/V once (shared_decode.py), the step's own K/V kept."""
+
+    def __init__(self, cache: SharedPromptCache):
+        self.cache = cache
+
+    def attention(self, lm):
+        return shared_text(lm)
+
+    def step_inputs(self, width: int, steps: int) -> dict[str, Any]:
+        self.cache.step = steps
+        return {"shared_decode": self.cache, "use_cache": False}
+
+
+class _RepeatedCache:
+    """Decode inputs over a static cache holding each prompt's K/V G times: for sliding-window text layers."""
+
+    def __init__(self, config, prefill, attention_mask: Tensor, group_size: int, max_new_tokens: int):
+        # preallocated, written in place: growing a cache by concatenation copies every row's prefix at every step
+        width = attention_mask.shape[1]
+        self.cache = StaticCache(config=config, max_cache_len=width + max_new_tokens)
+        for i, layer in enumerate(prefill.layers):
+            self.cache.update(
+                layer.keys.repeat_interleave(group_size, dim=0), layer.values.repeat_interleave(group_size, dim=0), i
+            )
+        rows = attention_mask.shape[0] * group_size
+        self.att = torch.zeros((rows, width + max_new_tokens), dtype=torch.long, device=attention_mask.device)
+        self.att[:, :width] = attention_mask.repeat_interleave(group_size, dim=0)  # [N, L + max_new]
+
+    def attention(self, lm):
+        return contextlib.nullcontext()
+
+    def step_inputs(self, width: int, steps: int) -> dict[str, Any]:
+        self.att[:, width + steps] = 1
+        return {"attention_mask": self.att, "past_key_values": self.cache, "use_cache": True}
+
+
+def _decode_cache(base, prefill, attention_mask: Tensor, group_size: int, max_new_tokens: int):
+    """The decode steps' cache: shared prompts where every text layer is full attention, else repeated."""
+    if supports_shared_decode(base.model):
+        return _SharedCache(SharedPromptCache.from_prefill(prefill, attention_mask, group_size, max_new_tokens))
+    return _RepeatedCache(base.config, prefill, attention_mask, group_size, max_new_tokens)
+
+
 @torch.no_grad()
 def prefill_once_generate(policy: SamplingPolicy, encs: list[dict[str, Any]], group_size: int, seeds: list[int]):
     """Completions [N, T] (N = B x G, prompt-major), generation-time raw logits [N, T, V] when policy.check_logp (else
@@ -63,13 +110,8 @@ def prefill_once_generate(policy: SamplingPolicy, encs: list[dict[str, Any]], gr
     out = policy.module(
         step={**batch, "past_key_values": DynamicCache(config=base.config), "use_cache": True, "logits_to_keep": 1}
     )
-    # a preallocated cache written in place: growing one by concatenation copies every row's prefix at every step
     width = batch["input_ids"].shape[1]
-    cache = StaticCache(config=base.config, max_cache_len=width + s.max_new_tokens)
-    for i, layer in enumerate(out.past_key_values.layers):
-        cache.update(layer.keys.repeat_interleave(g, dim=0), layer.values.repeat_interleave(g, dim=0), i)
-    att = torch.zeros((len(encs) * g, width + s.max_new_tokens), dtype=torch.long, device=policy.device)
-    att[:, :width] = batch["attention_mask"].repeat_interleave(g, dim=0)  # [N, L + max_new]
+    kv = _decode_cache(base, out.past_key_values, batch["attention_mask"], g, s.max_new_tokens)
     nxt = nxt.repeat_interleave(g)  # [N]
     logits = out.logits[:, -1].float().repeat_interleave(g, dim=0)  # [N, V]
     sampler = GroupSampler(seeds, g, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, device=policy.device)
@@ -94,16 +136,10 @@ def prefill_once_generate(policy: SamplingPolicy, encs: list[dict[str, Any]], gr
         if done:  # synced_gpus: this rank only keeps the others' weight gathers company (no cache: it is full)
             policy.module(step={"input_ids": tokens[:, -1:], "position_ids": pos, "use_cache": False})
             continue
-        att[:, width + steps] = 1
-        out = policy.module(
-            step={
-                "input_ids": tokens[:, -1:],
-                "attention_mask": att,
-                "position_ids": pos,
-                "past_key_values": cache,
-                "use_cache": True,
-            }
-        )
+        with kv.attention(base.model):
+            out = policy.module(
+                step={"input_ids": tokens[:, -1:], "position_ids": pos, **kv.step_inputs(width, steps)}
+            )
         steps += 1
         logits = out.logits[:, -1].float()  # [N, V]
     return tokens, (torch.stack(raw, dim=1) if raw else None), stops
