@@ -225,7 +225,7 @@ def grouped_attention(
     return torch.stack(outs), None  # [R, L, H, D]
 
 
-def _no_mask(*args, **kwargs) -> None:
+def no_mask(*args, **kwargs) -> None:
     """Mask function for GROUPED (returns None): the layout replaces the [L, L] mask, so none is built."""
 
 
@@ -236,7 +236,7 @@ def register() -> None:
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(GROUPED, grouped_attention)
-    AttentionMaskInterface.register(GROUPED, _no_mask)
+    AttentionMaskInterface.register(GROUPED, no_mask)
 
 
 def text_config(lm: nn.Module):
@@ -256,9 +256,16 @@ def grouped_text(lm: nn.Module) -> Iterator[None]:
     switch: `prefix.supports_grouped` rules that out).
     """
     register()
+    with text_attention(lm, GROUPED):
+        yield
+
+
+@contextmanager
+def text_attention(lm: nn.Module, name: str) -> Iterator[None]:
+    """For the block: the text decoder's attention layers run the registered implementation `name`; restored after."""
     cfg = text_config(lm)
     old = cfg._attn_implementation
-    cfg._attn_implementation = GROUPED
+    cfg._attn_implementation = name
     try:
         yield
     finally:

@@ -19,7 +19,7 @@ from transformers import DynamicCache, StaticCache
 
 from pipelines.vlm.generation import GroupSampler, SamplingPolicy, _StopTracker, left_pad_prompts
 from pipelines.vlm.prefix import SHARED_MODEL_TYPES, mrope_positions
-from pipelines.vlm.shared_decode import SharedPromptCache, shared_text, supports_shared_decode
+from pipelines.vlm.shared_decode import SharedPromptCache, register, shared_text, supports_shared_decode
 from pipelines.vlm.wrapping import unwrap
 
 
@@ -57,6 +57,7 @@ class _SharedCache:
     """Decode inputs over a SharedPromptCache: each prompt's K/V once (shared_decode.py), the step's own K/V kept."""
 
     def __init__(self, cache: SharedPromptCache):
+        register()
         self.cache = cache
 
     def attention(self, lm):

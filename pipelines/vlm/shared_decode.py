@@ -12,8 +12,6 @@ times and never copied: a rollout of 16 prompts x 8 samples of `assets/shapes-vl
 as fast (bench/vlm_decode.py).
 """
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -21,7 +19,11 @@ from torch import Tensor, nn
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from pipelines.vlm.attention import text_config
+from pipelines.vlm.attention import (
+    no_mask,  # the no-op mask function grouped attention registers too
+    text_attention,
+    text_config,
+)
 
 SHARED_DECODE = "mmgrpo_shared_decode"
 """name under which the function is registered in transformers' AttentionInterface (and a no-op mask function)"""
@@ -105,14 +107,10 @@ def shared_decode_attention(
     return out.reshape(n, 1, h, d), None  # [N, 1, H, D]
 
 
-def _no_mask(*args, **kwargs) -> None:
-    """Mask function for SHARED_DECODE (returns None): the cache's padding mask replaces the [N, W + t] mask."""
-
-
 def register() -> None:
     """Register SHARED_DECODE with transformers (idempotent; adds a name, changes no existing one)."""
     AttentionInterface.register(SHARED_DECODE, shared_decode_attention)
-    AttentionMaskInterface.register(SHARED_DECODE, _no_mask)
+    AttentionMaskInterface.register(SHARED_DECODE, no_mask)  # the cache's padding mask replaces it
 
 
 def supports_shared_decode(lm: nn.Module) -> bool:
@@ -120,14 +118,6 @@ def supports_shared_decode(lm: nn.Module) -> bool:
     return "sliding_attention" not in (getattr(text_config(lm), "layer_types", None) or ())
 
 
-@contextmanager
-def shared_text(lm: nn.Module) -> Iterator[None]:
-    """For the decode steps: the text attention runs `shared_decode_attention`; the previous one is restored after."""
-    register()
-    cfg = text_config(lm)
-    old = cfg._attn_implementation
-    cfg._attn_implementation = SHARED_DECODE
-    try:
-        yield
-    finally:
-        cfg._attn_implementation = old
+def shared_text(lm: nn.Module):
+    """For a decode step: the text attention runs `shared_decode_attention` (registered once by `register`)."""
+    return text_attention(lm, SHARED_DECODE)
