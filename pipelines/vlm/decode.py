@@ -11,6 +11,7 @@ positions continue after each prompt's last M-RoPE position, as in `generate` an
 """
 
 import contextlib
+import inspect
 from typing import Any
 
 import torch
@@ -44,6 +45,12 @@ def prompt_batch(lm: Any, encs: list[dict[str, Any]], pad_id: int) -> tuple[dict
     return {**batch, "position_ids": pos}, nxt
 
 
+def cache_key(model: Any) -> str:
+    """The forward keyword (and output field) of the KV cache: `cache` from transformers 5.24 (which deprecates
+    `past_key_values`, to be removed in 5.40), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
 def _all_done(done: bool, synced: bool, device: torch.device) -> bool:
     """This rank's done flag, or under synced_gpus whether every rank is done (FSDP ranks forward in lockstep)."""
     if not synced:
@@ -71,10 +78,10 @@ class _SharedCache:
 class _RepeatedCache:
     """Decode inputs over a static cache holding each prompt's K/V G times: for sliding-window text layers."""
 
-    def __init__(self, config, prefill, attention_mask: Tensor, group_size: int, max_new_tokens: int):
+    def __init__(self, base, prefill, attention_mask: Tensor, group_size: int, max_new_tokens: int):
         # preallocated, written in place: growing a cache by concatenation copies every row's prefix at every step
         width = attention_mask.shape[1]
-        self.cache = StaticCache(config=config, max_cache_len=width + max_new_tokens)
+        self.key, self.cache = cache_key(base), StaticCache(config=base.config, max_cache_len=width + max_new_tokens)
         for i, layer in enumerate(prefill.layers):
             self.cache.update(
                 layer.keys.repeat_interleave(group_size, dim=0), layer.values.repeat_interleave(group_size, dim=0), i
@@ -88,14 +95,14 @@ class _RepeatedCache:
 
     def step_inputs(self, width: int, steps: int) -> dict[str, Any]:
         self.att[:, width + steps] = 1
-        return {"attention_mask": self.att, "past_key_values": self.cache, "use_cache": True}
+        return {"attention_mask": self.att, self.key: self.cache, "use_cache": True}
 
 
 def _decode_cache(base, prefill, attention_mask: Tensor, group_size: int, max_new_tokens: int):
     """The decode steps' cache: shared prompts where every text layer is full attention, else repeated."""
     if supports_shared_decode(base.model):
         return _SharedCache(SharedPromptCache.from_prefill(prefill, attention_mask, group_size, max_new_tokens))
-    return _RepeatedCache(base.config, prefill, attention_mask, group_size, max_new_tokens)
+    return _RepeatedCache(base, prefill, attention_mask, group_size, max_new_tokens)
 
 
 @torch.no_grad()
@@ -108,11 +115,10 @@ def prefill_once_generate(policy: SamplingPolicy, encs: list[dict[str, Any]], gr
     synced = bool(policy.synced_gpus())
     batch, nxt = prompt_batch(base.model, encs, pad)
     g = group_size
-    out = policy.module(
-        step={**batch, "past_key_values": DynamicCache(config=base.config), "use_cache": True, "logits_to_keep": 1}
-    )
+    key = cache_key(base)
+    out = policy.module(step={**batch, key: DynamicCache(config=base.config), "use_cache": True, "logits_to_keep": 1})
     width = batch["input_ids"].shape[1]
-    kv = _decode_cache(base, out.past_key_values, batch["attention_mask"], g, s.max_new_tokens)
+    kv = _decode_cache(base, getattr(out, key), batch["attention_mask"], g, s.max_new_tokens)
     nxt = nxt.repeat_interleave(g)  # [N]
     logits = out.logits[:, -1].float().repeat_interleave(g, dim=0)  # [N, V]
     sampler = GroupSampler(seeds, g, temperature=s.temperature, top_k=s.top_k, top_p=s.top_p, device=policy.device)
