@@ -87,3 +87,18 @@ def test_rollout_samples_the_same_with_either_cache(cache, monkeypatch):
     assert used == ["_SharedCache", "_RepeatedCache"]
     assert torch.equal(shared.extras["completion_ids"], repeated.extras["completion_ids"])
     assert (shared.extras["gen_logp"] - repeated.extras["gen_logp"]).abs().max() < 1e-5
+
+
+def test_cache_keyword_follows_the_model_signature():
+    # transformers 5.24 renamed the forward keyword past_key_values to cache (the old name warns, and goes in 5.40);
+    # the decode loop must pass whichever name the installed model's forward declares
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):
+            return input_ids
+
+    class New(torch.nn.Module):
+        def forward(self, input_ids=None, cache=None, use_cache=None):
+            return input_ids
+
+    assert decode.cache_key(Old()) == "past_key_values"
+    assert decode.cache_key(New()) == "cache"
