@@ -241,8 +241,8 @@ def _setting(s: dict[str, Any], n_params: int) -> str:
         f"inside) + clip + optimizer step as `Trainer.train` runs them; the two alternate (A, B, then B, A ...) after "
         f"a warm-up pair. Sampling: TRL makes one `generate` call over the {s['prompts'] * s['group']} rows (each "
         f"prompt, image included, encoded G times); mmgrpo samples the same rows in one batch through its "
-        f"prefill-once loop (pipelines/vlm/decode.py: each prompt's image and text encoded once, the KV cache "
-        f"repeated G times, each prompt's rows drawn from its own seeded generator). On-policy with one inner epoch "
+        f"prefill-once loop (pipelines/vlm/decode.py: each prompt's image and text encoded once, its KV cache "
+        f"kept once for its G rows (shared_decode.py), each prompt's rows drawn from its own seeded generator). On-policy with one inner epoch "
         f"neither side re-scores the old log-probs (mmgrpo's `defer_old_logp`)."
     )
 
