@@ -242,8 +242,8 @@ def _setting(s: dict[str, Any], n_params: int) -> str:
         f"a warm-up pair. Sampling: TRL makes one `generate` call over the {s['prompts'] * s['group']} rows (each "
         f"prompt, image included, encoded G times); mmgrpo samples the same rows in one batch through its "
         f"prefill-once loop (pipelines/vlm/decode.py: each prompt's image and text encoded once, its KV cache "
-        f"kept once for its G rows (shared_decode.py), each prompt's rows drawn from its own seeded generator). On-policy with one inner epoch "
-        f"neither side re-scores the old log-probs (mmgrpo's `defer_old_logp`)."
+        f"kept once for its G rows (shared_decode.py), each prompt's rows drawn from its own seeded generator). "
+        f"On-policy with one inner epoch neither side re-scores the old log-probs (mmgrpo's `defer_old_logp`)."
     )
 
 
