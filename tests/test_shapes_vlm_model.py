@@ -340,3 +340,20 @@ def test_train_stream_keeps_only_sft_types_and_blanks_blank_types():
         blank = bool((img == np.asarray(BACKGROUND, dtype=img.dtype)).all())
         assert blank == (r["category"] == "existence")
         assert (r["objects"] == []) == (r["category"] == "existence")
+
+
+def test_a_steps_budget_trains_that_many_steps_and_validates_on_its_interval(tmp_path):
+    """--steps replaces the wall-clock budget (so a build is the same on any machine): exactly that many SFT steps,
+    validation every --eval-every steps and once at the end, the best EMA saved; a negative budget is a usage error."""
+    args = P.parse_args(
+        ["--task", "vqa", "--out", str(tmp_path / "m"), "--steps", "3", "--eval-every", "2", "--val-n", "4",
+         "--batch", "2", "--tower-steps", "0", "--hidden", "32", "--layers", "1", "--vision-dim", "32",
+         "--vision-depth", "1", "--test-n", "0"]
+    )  # fmt: skip
+    info = P.train(args)
+    assert info["steps"] == 3
+    assert [e["step"] for e in info["evals"]] == [2, 3]
+    assert (tmp_path / "m" / "config.json").exists()
+    with pytest.raises(SystemExit) as e:
+        P.parse_args(["--task", "vqa", "--steps", "-1"])
+    assert e.value.code == 2

@@ -263,8 +263,9 @@ def sft_step(
 
 
 def train(args) -> dict[str, Any]:
-    """SFT for args.minutes of wall time; every args.eval_minutes the EMA model is scored on a fixed val sample and
-    saved to args.out when it is the best so far (and, with --ceiling, not above the band's ceiling)."""
+    """SFT for args.steps steps (or, with --steps 0, args.minutes of wall time); every args.eval_every steps (or
+    args.eval_minutes) the EMA model is scored on a fixed val sample and saved to args.out when it is the best so far
+    (and, with --ceiling, not above the band's ceiling)."""
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     model, processor = build_model(
@@ -296,14 +297,17 @@ def train(args) -> dict[str, Any]:
     budget = 60 * args.minutes - (time.time() - start)
     while True:
         elapsed = time.time() - t0
-        done = elapsed >= budget
-        if done or time.time() - last_eval >= 60 * args.eval_minutes:
+        # --steps makes the run the same on any machine; the wall-clock budget does not
+        progress = step / args.steps if args.steps else elapsed / budget
+        done = progress >= 1.0
+        due = step % args.eval_every == 0 if args.steps else time.time() - last_eval >= 60 * args.eval_minutes
+        if done or (step and due):
             validate(args, ema, processor, encode, val, info, step=step, minutes=elapsed / 60)
             last_eval = time.time()
             if done:
                 break
         lr = args.lr * min(1.0, (step + 1) / args.warmup)
-        lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(elapsed / budget, 1.0)))  # cosine to 10% over the budget
+        lr *= 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))  # cosine to 10% over the budget
         for group in opt.param_groups:
             group["lr"] = lr * group["mult"]
         loss, dense = sft_step(
@@ -378,6 +382,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--overwrite", action="store_true", help="replace the model already in --out")
     p.add_argument("--minutes", type=float, default=45.0, help="training wall-clock budget")
     p.add_argument("--eval-minutes", type=float, default=5.0, help="validation (and best-checkpoint) interval")
+    p.add_argument("--steps", type=int, default=0,
+                   help="SFT steps budget in place of --minutes (the same run on any machine; 0: use --minutes)")  # fmt: skip
+    p.add_argument("--eval-every", type=int, default=500, help="with --steps: validation interval in steps")
     p.add_argument("--val-n", type=int, default=96)
     p.add_argument("--test-n", type=int, default=300, help="test records for the final report (0: skip)")
     p.add_argument("--ceiling", type=float, default=None,
@@ -399,6 +406,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    if args.steps < 0 or args.eval_every < 1:
+        bad = ("--steps", args.steps, "0 or more") if args.steps < 0 else ("--eval-every", args.eval_every, "1 or more")
+        p.error(f"{bad[0]} is {bad[1]}; give {bad[2]}")
     args.out = args.out or f"assets/shapes-{'vlm' if args.task == 'vqa' else 'video'}"
     args.pixels = args.pixels or (112 * 112 if args.task == "vqa" else 56 * 56)
     return args
