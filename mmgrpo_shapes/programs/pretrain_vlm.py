@@ -407,7 +407,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.steps < 0 or args.eval_every < 1:
-        bad = ("--steps", args.steps, "0 or more") if args.steps < 0 else ("--eval-every", args.eval_every, "1 or more")
+        bad = (
+            ("--steps", args.steps, "0 or more") if args.steps < 0 else ("--eval-every", args.eval_every, "1 or more")
+        )
         p.error(f"{bad[0]} is {bad[1]}; give {bad[2]}")
     args.out = args.out or f"assets/shapes-{'vlm' if args.task == 'vqa' else 'video'}"
     args.pixels = args.pixels or (112 * 112 if args.task == "vqa" else 56 * 56)
