@@ -18,6 +18,7 @@ VLM, VIDEO = ROOT / "assets" / "shapes-vlm", ROOT / "assets" / "shapes-video"
 PARTS = (
     ROOT / "assets" / "shapes-vlm-parts"
 )  # the arithmetic RL recipe's base (configs/vlm/shapes_vqa_arithmetic.yaml)
+READING = ROOT / "assets" / "shapes-vlm-reading"  # the six-type RL recipe's base (configs/vlm/shapes_vqa_reading.yaml)
 EARLY = ROOT / "assets" / "shapes-video-early"  # the grounding RL recipe's base (configs/video/shapes_grounding.yaml)
 VPARTS = (
     ROOT / "assets" / "shapes-video-parts"
@@ -244,7 +245,9 @@ def _load(path):
 
 
 @pytest.mark.parametrize(
-    "path", [VLM, VIDEO, PARTS, EARLY, VPARTS], ids=["vlm", "video", "vlm-parts", "video-early", "video-parts"]
+    "path",
+    [VLM, VIDEO, PARTS, READING, EARLY, VPARTS],
+    ids=["vlm", "video", "vlm-parts", "vlm-reading", "video-early", "video-parts"],
 )
 def test_shipped_folder_layout_and_size(path):
     processor, model = _load(path)
@@ -300,6 +303,19 @@ def test_parts_base_reads_objects_but_not_the_types_it_saw_only_on_blank_canvase
     table = P.evaluate(model, "vqa", "test", 96, processor=processor)
     read = (table["color"]["accuracy"] + table["shape"]["accuracy"]) / 2
     held_out = (table["arithmetic"]["accuracy"] + table["existence"]["accuracy"]) / 2
+    assert table["all"]["format"] >= 0.9
+    assert read >= 0.8 and held_out <= 0.55, (read, held_out)
+
+
+def test_reading_base_reads_objects_and_leaves_arithmetic_and_position_at_their_priors():
+    # greedy, first 96 balanced test questions (16 a type): the shipped reading base reads colour and shape (0.875
+    # each here) and answers arithmetic (0.375) and position (0.50), which it saw only on blank canvases, near their
+    # blind levels (0.24 and 0.50): the room the six-type RL recipe fills from the pixels; a base taught them on real
+    # images (the main shapes-vlm) fails the upper bound
+    processor, model = _load(READING)
+    table = P.evaluate(model, "vqa", "test", 96, processor=processor)
+    read = (table["color"]["accuracy"] + table["shape"]["accuracy"]) / 2
+    held_out = (table["arithmetic"]["accuracy"] + table["position"]["accuracy"]) / 2
     assert table["all"]["format"] >= 0.9
     assert read >= 0.8 and held_out <= 0.55, (read, held_out)
 
