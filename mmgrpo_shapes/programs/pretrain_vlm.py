@@ -262,6 +262,14 @@ def sft_step(
     return float(loss.detach()), dense_log
 
 
+def schedule(args, step: int, time_frac: float, since_eval: float) -> tuple[float, bool]:
+    """The share of the budget spent (steps with --steps, else wall time) and whether a validation is due. --steps
+    makes the run the same on any machine; the wall-clock budget does not."""
+    if args.steps:
+        return step / args.steps, step % args.eval_every == 0
+    return time_frac, since_eval >= 60 * args.eval_minutes
+
+
 def train(args) -> dict[str, Any]:
     """SFT for args.steps steps (or, with --steps 0, args.minutes of wall time); every args.eval_every steps (or
     args.eval_minutes) the EMA model is scored on a fixed val sample and saved to args.out when it is the best so far
@@ -297,10 +305,8 @@ def train(args) -> dict[str, Any]:
     budget = 60 * args.minutes - (time.time() - start)
     while True:
         elapsed = time.time() - t0
-        # --steps makes the run the same on any machine; the wall-clock budget does not
-        progress = step / args.steps if args.steps else elapsed / budget
+        progress, due = schedule(args, step, elapsed / budget, time.time() - last_eval)
         done = progress >= 1.0
-        due = step % args.eval_every == 0 if args.steps else time.time() - last_eval >= 60 * args.eval_minutes
         if done or (step and due):
             validate(args, ema, processor, encode, val, info, step=step, minutes=elapsed / 60)
             last_eval = time.time()
