@@ -31,3 +31,21 @@ def test_missing_eval_names_the_command(tmp_path):
     with pytest.raises(SystemExit) as err:
         rl_report.load(tmp_path)
     assert "ckpt=none" in str(err.value) and "eval/base.json" in str(err.value)
+
+
+def test_plain_weights_unless_ema_is_asked(tmp_path):
+    # "step_00000100_ema.json" sorts after "step_00000100.json": the plain weights' +0.20 must not become the EMA's
+    # +0.30 unless --ema asks for it (0.50 -> 0.70 plain, 0.50 -> 0.80 EMA).
+    _write(tmp_path, "base", 0.5, 0.3)
+    _write(tmp_path, "step_00000100", 0.7, 0.3)
+    _write(tmp_path, "step_00000100_ema", 0.8, 0.3)
+    assert rl_report.gains([tmp_path], "accuracy")["all"]["gain"] == pytest.approx([0.2])
+    assert rl_report.gains([tmp_path], "accuracy", ema=True)["all"]["gain"] == pytest.approx([0.3])
+
+
+def test_ema_without_its_eval_names_the_command(tmp_path):
+    _write(tmp_path, "base", 0.5, 0.3)
+    _write(tmp_path, "step_00000100", 0.7, 0.3)
+    with pytest.raises(SystemExit) as err:
+        rl_report.load(tmp_path, ema=True)
+    assert "ema=true" in str(err.value) and "step_*_ema.json" in str(err.value)
