@@ -60,6 +60,69 @@ def _think_marks(text: str, axis: str | None = None) -> list[str]:
     return words[1:3] if words[:1] and words[0] in ((axis,) if axis else ("x", "y")) else []
 
 
+LIST_TYPES = ("count", "existence", "arithmetic")
+"""the question types whose answer follows from the scene's object list (`objects_think`, pretrain_vlm --list-think)"""
+
+LIST_PROMPT = re.compile(r"^(How many|Is there|If two more) ")
+
+
+def objects_think(objects: list[dict[str, Any]]) -> str:
+    """The scene's object list as a think: each object's colour and shape initials and its token column, left to
+    right (then top to bottom), e.g. "rc1 gt2 bs3". Why: count, existence and arithmetic answers follow from this list
+    (count the marks that match, look one up, add two counts), so RL has steps to check (`think_objects_score`) where
+    a fixed "Count them." leaves it one number per sample; the marks are `cell_mark`'s, the skill where questions
+    and position thinks already teach."""
+    objs = sorted(objects, key=lambda o: (cell_mark(o, "cx")[1], o["cy"], o["cx"]))
+    return " ".join(cell_mark(o, "cx")[0] for o in objs)
+
+
+def think_objects_score(text: str, prompt: str, objects: list[dict[str, Any]]) -> float:
+    """How well a count, existence or arithmetic think lists the scene: the marks it shares with `objects_think`
+    (as multisets) over the larger of the two lists' lengths, in [0, 1]; 0 for other questions or without a
+    <think>. E.g. for a red circle at cx 0.3 and a blue square at cx 0.9 ("rc1 bs3"), "rc1 bs3" scores 1,
+    "rc1" 1/2, "rc1 bs3 gt0" 2/3, "rc2 bs3" 1/2. Why: the larger length charges both missed and invented objects,
+    the GenEval-style count score found / max(found, asked) of the T2I verifier."""
+    if LIST_PROMPT.match(prompt.strip()) is None:
+        return 0.0
+    said, want = list_marks(text), objects_think(objects).split()
+    if not said or not want:
+        return 0.0
+    shared = sum(min(said.count(m), want.count(m)) for m in set(want))
+    return shared / max(len(said), len(want))
+
+
+def list_marks(text: str) -> list[str]:
+    """The object marks ("rc1") a completion's <think> writes, in order; [] without a <think>."""
+    think = re.search(r"<think>(.*?)</think>", text, flags=re.DOTALL)
+    return [w for w in think.group(1).split() if re.fullmatch(r"[a-z]{2}\d", w)] if think else []
+
+
+def answer_from_list(prompt: str, marks: list[str]) -> str | None:
+    """The answer a count, existence or arithmetic question has if the scene were exactly `marks` (colour initial,
+    shape initial, column); None for other questions. E.g. "How many circles are there?" with ["rc1", "bc3"] -> "2",
+    "Is there a blue square?" -> "no". Used to ask whether a model's answer follows its own list."""
+    q = prompt.strip()
+
+    def n(shape: str | None = None, color: str | None = None) -> int:  # marks of that shape and/or colour
+        return sum((shape is None or k[1] == shape[0]) and (color is None or k[0] == color[0]) for k in marks)
+
+    if m := re.fullmatch(r"How many (\w+)s are there\?", q):
+        return str(n(shape=m.group(1)))
+    if m := re.fullmatch(r"How many (\w+) objects are there\?", q):
+        return str(n(color=m.group(1)))
+    if q == "How many objects are there in total?":
+        return str(len(marks))
+    if m := re.fullmatch(r"Is there a (\w+) (\w+)\?", q):
+        return "yes" if n(shape=m.group(2), color=m.group(1)) else "no"
+    if m := re.fullmatch(r"How many (\w+)s and (\w+)s are there altogether\?", q):
+        return str(n(shape=m.group(1)) + n(shape=m.group(2)))
+    if m := re.fullmatch(r"How many more (\w+)s than (\w+)s are there\?", q):
+        return str(n(shape=m.group(1)) - n(shape=m.group(2)))
+    if m := re.fullmatch(r"If two more (\w+)s were added, how many \w+s would there be\?", q):
+        return str(n(shape=m.group(1)) + 2)
+    return None
+
+
 def think_text(record: dict[str, Any]) -> str:
     """The SFT think of a VQA record: its own (`where_record`), position's cells, or the type's fixed text."""
     if record.get("think"):

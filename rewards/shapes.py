@@ -74,3 +74,27 @@ def shapes_think_cells() -> Reward:
         required=("objects",),
         preprocess="position questions' <think> cell marks against the scene's objects; other questions 0",
     )
+
+
+@REWARDS.register(
+    "shapes_think_objects", input="text", range="[0, 1]", paper="Faithful GRPO grounding (arXiv:2604.08476)"
+)
+def shapes_think_objects() -> Reward:
+    """How well a ShapesWorld count, existence or arithmetic think lists the scene ("rc1 gt2 bs3": each object's
+    initials and token column): shared marks / max(listed, present); 0 for other questions. Needs `objects`."""
+
+    def batch(samples, prompts, objects):
+        # lazy: `import rewards` works without mmgrpo_shapes (see the module docstring)
+        from mmgrpo_shapes.vqa_think import think_objects_score
+
+        return [think_objects_score(t, p, o) for t, p, o in zip(samples, prompts, objects)]
+
+    return FunctionReward(
+        batch,
+        name="shapes_think_objects",
+        input="text",
+        needs_prompts=True,
+        fields=("objects",),
+        required=("objects",),
+        preprocess="count, existence and arithmetic questions' <think> object list against the scene; others 0",
+    )

@@ -28,7 +28,7 @@ from mmgrpo_shapes.dense import TowerTap, batch_targets, log_losses, optimizer, 
 from mmgrpo_shapes.programs.outdir import claim, save_pretrained_whole
 from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, predict, weighted_sft_loss
 from mmgrpo_shapes.vqa import QUESTION_TYPES, question_template, swap_images
-from mmgrpo_shapes.vqa_think import key_token_weights, think_text, where_record
+from mmgrpo_shapes.vqa_think import LIST_TYPES, key_token_weights, objects_think, think_text, where_record
 from pipelines.video.build import FORMAT_INSTRUCTION as VIDEO_INSTRUCTION
 from pipelines.video.data import shapes_video_records
 from pipelines.vlm.build import FORMAT_INSTRUCTION as VQA_INSTRUCTION
@@ -179,9 +179,12 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 
 
 # ----- training
-def train_stream(task: str, *, seed: int, chunk: int = 512, pool: int = 3000, types=None, blank=(), where=0.0):
+def train_stream(
+    task: str, *, seed: int, chunk: int = 512, pool: int = 3000, types=None, blank=(), where=0.0, list_think=False
+):
     """Endless training records: fresh VQA chunks of the train split (new seed each; only question `types` if given;
-    the `blank` types on a blank canvas with no objects; a `where` fraction asked as vqa_think.where_record), or a
+    the `blank` types on a blank canvas with no objects; a `where` fraction asked as vqa_think.where_record; with
+    `list_think` count, existence and arithmetic think the scene's object list, vqa_think.objects_think), or a
     cycled pool of clips."""
     if task == "grounding":
         recs = records(task, "train", pool, seed=seed)
@@ -194,6 +197,8 @@ def train_stream(task: str, *, seed: int, chunk: int = 512, pool: int = 3000, ty
         for r in records(task, "train", chunk, seed=1000 * (seed + 1) + k):
             if where and rng.random() < where and r["category"] not in blank:
                 r = where_record(r, rng) or r
+            if list_think and r["category"] in LIST_TYPES:
+                r = dict(r, think=objects_think(r["objects"]))
             if r["category"] in (blank or ()):  # the format and the answer prior, nothing to read from the pixels
                 # the think is fixed before the objects go: a blank position question keeps its scene's cell marks
                 r = dict(swap_images([r], "blank")[0], objects=[], think=think_text(r))
@@ -289,7 +294,13 @@ def train(args) -> dict[str, Any]:
     encode = encoder(args.task, processor)
     start = time.time()  # --minutes counts stage 1 too
     stream = train_stream(
-        args.task, seed=args.seed, pool=args.pool, types=args.sft_types, blank=args.blank_types, where=args.where
+        args.task,
+        seed=args.seed,
+        pool=args.pool,
+        types=args.sft_types,
+        blank=args.blank_types,
+        where=args.where,
+        list_think=args.list_think,
     )
     head, tower_log = stage_one(args, model, processor, stream)  # the tower alone on the dense targets
     ema = copy.deepcopy(model).requires_grad_(False)
@@ -373,6 +384,8 @@ def add_vqa_args(p) -> None:
         help="vqa: these question types on blank images (the base learns their format and answer prior, not to read)",
     )
     p.add_argument("--where", type=float, default=0.0, help="vqa: fraction of SFT records asked one object's cell")
+    p.add_argument("--list-think", action="store_true",
+                   help="vqa: count, existence and arithmetic think the scene's object list (vqa_think.objects_think)")  # fmt: skip
     p.add_argument("--key-weight", type=float, default=1.0,
                    help="vqa: SFT loss weight of the answer tokens and the think's digits (vqa_think.key_token_weights)")  # fmt: skip
 

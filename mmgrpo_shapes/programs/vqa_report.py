@@ -12,8 +12,18 @@ import torch
 
 from mmgrpo_shapes.programs.pretrain_vlm import blind_baseline, encoder, evaluate, records, score
 from mmgrpo_shapes.programs.tiny_vlm import predict
-from mmgrpo_shapes.vqa import TEMPLATE_ANSWERS, question_template
-from mmgrpo_shapes.vqa_think import answer_follows_cells, position_think, think_cells_score, where_record
+from mmgrpo_shapes.vqa import TEMPLATE_ANSWERS, extract_answer, question_template
+from mmgrpo_shapes.vqa_think import (
+    LIST_TYPES,
+    answer_follows_cells,
+    answer_from_list,
+    list_marks,
+    objects_think,
+    position_think,
+    think_cells_score,
+    think_objects_score,
+    where_record,
+)
 
 
 def vqa_chance(split: str = "test", n: int = 300) -> dict[str, float]:
@@ -65,7 +75,9 @@ def reading_report(model: str, split: str = "test", n: int = 120) -> str:
     """Whether the model reads an object's token cell: greedy accuracy on the where questions (`where_record`, seed 0)
     of the first `n` records of `split`; on their position questions, how often its think is exactly `position_think`
     (both cells right), the share of cell marks right (`think_cells_score`) and how often the answer follows the
-    think's own two cells (`answer_follows_cells`): reading the cells and comparing them are two steps."""
+    think's own two cells (`answer_follows_cells`): reading the cells and comparing them are two steps. With object
+    list thinks (pretrain_vlm --list-think), the same for count, existence and arithmetic: lists exact, their score
+    (`think_objects_score`), and answers that follow the model's own list (`answer_from_list`)."""
     # lazy: transformers is heavy to import; only loading a saved model needs it
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -79,10 +91,21 @@ def reading_report(model: str, split: str = "test", n: int = 120) -> str:
     exact = sum(f"<think>{position_think(r)}</think>" in t for t, r in zip(texts, pos)) / max(1, len(pos))
     cells = sum(think_cells_score(t, r["prompt"], r["objects"]) for t, r in zip(texts, pos)) / max(1, len(pos))
     follows = [f for f in map(answer_follows_cells, texts) if f is not None]
-    return (
+    line = (
         f"where questions: accuracy {acc:.3f} (n {len(where)}); position thinks exact {exact:.3f}, cell marks right "
         f"{cells:.3f} (n {len(pos)}), answer follows its cells {sum(follows) / max(1, len(follows)):.3f} "
         f"(n {len(follows)})"
+    )
+    lists = [r for r in recs if r["category"] in LIST_TYPES]
+    texts = predict(net, encode, tok, lists, max_new_tokens=24)
+    if not any(list_marks(t) for t in texts):  # a fixed think ("Count them."): nothing to report
+        return line
+    exact = sum(f"<think>{objects_think(r['objects'])}</think>" in t for t, r in zip(texts, lists)) / len(lists)
+    marks = sum(think_objects_score(t, r["prompt"], r["objects"]) for t, r in zip(texts, lists)) / len(lists)
+    follows = [extract_answer(t) == answer_from_list(r["prompt"], list_marks(t)) for t, r in zip(texts, lists)]
+    return (
+        f"{line}; object lists exact {exact:.3f}, list score {marks:.3f}, answer follows its list "
+        f"{sum(follows) / len(follows):.3f} (n {len(lists)})"
     )
 
 
