@@ -8,7 +8,6 @@ cross-entropy on the completion (+ <|im_end|>) only; the shipped weights are the
 Run: nice -n 10 python -m mmgrpo_shapes.programs.pretrain_vlm --task vqa --out assets/shapes-vlm --overwrite --minutes 45
 """
 
-import argparse
 import copy
 import json
 import math
@@ -25,9 +24,10 @@ from torch import Tensor, nn
 
 import rewards
 from mmgrpo_shapes.dense import TowerTap, batch_targets, log_losses, optimizer, stage_one
+from mmgrpo_shapes.programs import pretrain_vlm_args
 from mmgrpo_shapes.programs.outdir import claim, save_pretrained_whole
-from mmgrpo_shapes.programs.tiny_vlm import add_architecture_args, build_model, collate, predict, weighted_sft_loss
-from mmgrpo_shapes.vqa import QUESTION_TYPES, question_template, swap_images
+from mmgrpo_shapes.programs.tiny_vlm import build_model, collate, predict, weighted_sft_loss
+from mmgrpo_shapes.vqa import question_template, swap_images
 from mmgrpo_shapes.vqa_think import LIST_TYPES, key_token_weights, objects_think, think_text, where_record
 from pipelines.video.build import FORMAT_INSTRUCTION as VIDEO_INSTRUCTION
 from pipelines.video.data import shapes_video_records
@@ -37,7 +37,6 @@ from rewards.rules import temporal_iou
 
 GROUNDING_TEMPLATE = "<think>Find the event.</think><answer>{start:.2f} to {end:.2f}</answer>"
 """31 tokens with the byte-level tokenizer (tags are one token each): fits configs/video's max_new_tokens=32"""
-TASKS = ("vqa", "grounding")
 VIDEO_FRAMES = {"num_frames": 8, "shapes_frames": 24, "shapes_resolution": 64}
 """the frame settings of configs/video/shapes_grounding.yaml (8 of 24 frames at 4 fps, 64 px)"""
 
@@ -207,6 +206,12 @@ def train_stream(
         k += 1
 
 
+def args_stream(args):
+    """train_stream with the flags of pretrain_vlm_args."""
+    kw = {"types": args.sft_types, "blank": args.blank_types, "where": args.where, "list_think": args.list_think}
+    return train_stream(args.task, seed=args.seed, pool=args.pool, **kw)
+
+
 def main_key(task: str) -> str:
     return "accuracy" if task == "vqa" else "miou"
 
@@ -293,15 +298,7 @@ def train(args) -> dict[str, Any]:
     tok = processor.tokenizer
     encode = encoder(args.task, processor)
     start = time.time()  # --minutes counts stage 1 too
-    stream = train_stream(
-        args.task,
-        seed=args.seed,
-        pool=args.pool,
-        types=args.sft_types,
-        blank=args.blank_types,
-        where=args.where,
-        list_think=args.list_think,
-    )
+    stream = args_stream(args)
     head, tower_log = stage_one(args, model, processor, stream)  # the tower alone on the dense targets
     ema = copy.deepcopy(model).requires_grad_(False)
     tap = TowerTap(model) if head is not None else None  # after the copy: the EMA model carries no hook
@@ -348,91 +345,8 @@ def score_model(model, processor, encode, task: str, recs: list[dict[str, Any]])
     return score(task, texts, recs)
 
 
-def add_vqa_args(p) -> None:
-    """The VQA-only flags: the dense tower targets (stage 1 and the joint loss), the SFT question types, the key weight."""
-    p.add_argument(
-        "--dense-position",
-        action="store_true",
-        help="vqa with --dense-weight: the dense head also reads each token's row and column (dense.py)",
-    )
-    p.add_argument(
-        "--dense-weight",
-        type=float,
-        default=0.0,
-        help="vqa: weight of the per-token colour/shape loss on the tower's tokens (mmgrpo_shapes/dense.py)",
-    )
-    p.add_argument(
-        "--tower-steps",
-        type=int,
-        default=0,
-        help="vqa with --dense-weight: steps of stage 1, the vision tower alone on the dense targets",
-    )
-    p.add_argument("--tower-batch", type=int, default=64, help="images per stage-1 step")
-    p.add_argument("--tower-lr", type=float, default=3e-3, help="stage-1 AdamW learning rate")
-    p.add_argument(
-        "--sft-types",
-        nargs="+",
-        choices=QUESTION_TYPES,
-        default=None,
-        help="vqa: train only on these question types (default all); the others are left for RL to learn from reward",
-    )
-    p.add_argument(
-        "--blank-types",
-        nargs="+",
-        choices=QUESTION_TYPES,
-        default=(),
-        help="vqa: these question types on blank images (the base learns their format and answer prior, not to read)",
-    )
-    p.add_argument("--where", type=float, default=0.0, help="vqa: fraction of SFT records asked one object's cell")
-    p.add_argument("--list-think", action="store_true",
-                   help="vqa: count, existence and arithmetic think the scene's object list (vqa_think.objects_think)")  # fmt: skip
-    p.add_argument("--key-weight", type=float, default=1.0,
-                   help="vqa: SFT loss weight of the answer tokens and the think's digits (vqa_think.key_token_weights)")  # fmt: skip
-
-
 def parse_args(argv: list[str] | None = None):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--task", choices=TASKS, required=True)
-    p.add_argument(
-        "--out",
-        default=None,
-        help="save_pretrained folder of the best EMA model (default assets/shapes-vlm or assets/shapes-video)",
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace the model already in --out")
-    p.add_argument("--minutes", type=float, default=45.0, help="training wall-clock budget")
-    p.add_argument("--eval-minutes", type=float, default=5.0, help="validation (and best-checkpoint) interval")
-    p.add_argument("--steps", type=int, default=0,
-                   help="SFT steps budget in place of --minutes (the same run on any machine; 0: use --minutes)")  # fmt: skip
-    p.add_argument("--eval-every", type=int, default=500, help="with --steps: validation interval in steps")
-    p.add_argument("--val-n", type=int, default=96)
-    p.add_argument("--test-n", type=int, default=300, help="test records for the final report (0: skip)")
-    p.add_argument("--ceiling", type=float, default=None,
-                   help="never keep a checkpoint whose val score is above this (leaves room for RL)")  # fmt: skip
-    p.add_argument("--pool", type=int, default=3000, help="grounding: training clips cycled (cached once)")
-    p.add_argument("--batch", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--vision-lr-mult", type=float, default=1.0, help="the vision tower's lr / --lr")
-    add_vqa_args(p)
-    p.add_argument("--warmup", type=int, default=50)
-    p.add_argument("--ema", type=float, default=0.99)
-    add_architecture_args(p)
-    p.add_argument(
-        "--pixels",
-        type=int,
-        default=None,
-        help="min = max pixels per image / frame (default 112*112 for vqa: 16 tokens; 56*56 for grounding)",
-    )
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    if args.steps < 0 or args.eval_every < 1:
-        bad = (
-            ("--steps", args.steps, "0 or more") if args.steps < 0 else ("--eval-every", args.eval_every, "1 or more")
-        )
-        p.error(f"{bad[0]} is {bad[1]}; give {bad[2]}")
-    args.out = args.out or f"assets/shapes-{'vlm' if args.task == 'vqa' else 'video'}"
-    args.pixels = args.pixels or (112 * 112 if args.task == "vqa" else 56 * 56)
-    return args
+    return pretrain_vlm_args.parse_args(argv, __doc__)
 
 
 def main(argv: list[str] | None = None) -> None:
