@@ -19,7 +19,9 @@ PARTS = (
     ROOT / "assets" / "shapes-vlm-parts"
 )  # the arithmetic RL recipe's base (configs/vlm/shapes_vqa_arithmetic.yaml)
 READING = ROOT / "assets" / "shapes-vlm-reading"  # the six-type RL recipe's base (configs/vlm/shapes_vqa_reading.yaml)
-LISTS = ROOT / "assets" / "shapes-vlm-lists"  # the same build with object-list thinks (configs/vlm/shapes_vqa_lists.yaml)
+LISTS = (
+    ROOT / "assets" / "shapes-vlm-lists"
+)  # the same build with object-list thinks (configs/vlm/shapes_vqa_lists.yaml)
 EARLY = ROOT / "assets" / "shapes-video-early"  # the grounding RL recipe's base (configs/video/shapes_grounding.yaml)
 VPARTS = (
     ROOT / "assets" / "shapes-video-parts"
