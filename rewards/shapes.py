@@ -52,27 +52,38 @@ def shapes_objects() -> Reward:
     )
 
 
+def _think_reward(name: str, scorer: str, preprocess: str) -> Reward:
+    """A text reward that scores each sample's <think> against its record's `objects` with mmgrpo_shapes.vqa_think's
+    `scorer(text, prompt, objects)`."""
+
+    def batch(samples, prompts, objects):
+        # lazy: `import rewards` works without mmgrpo_shapes (see the module docstring)
+        from mmgrpo_shapes import vqa_think
+
+        score = getattr(vqa_think, scorer)
+        return [score(t, p, o) for t, p, o in zip(samples, prompts, objects)]
+
+    return FunctionReward(
+        batch,
+        name=name,
+        input="text",
+        needs_prompts=True,
+        fields=("objects",),
+        required=("objects",),
+        preprocess=preprocess,
+    )
+
+
 @REWARDS.register(
     "shapes_think_cells", input="text", range="{0, 0.5, 1}", paper="Faithful GRPO grounding (arXiv:2604.08476)"
 )
 def shapes_think_cells() -> Reward:
     """The share of a ShapesWorld position think's two cell marks that are right ("x rc1 bs3": each object's
     initials and its token column or row); 0 for other questions. Needs the records' `objects` (shapes_vqa data)."""
-
-    def batch(samples, prompts, objects):
-        # lazy: `import rewards` works without mmgrpo_shapes (see the module docstring)
-        from mmgrpo_shapes.vqa_think import think_cells_score
-
-        return [think_cells_score(t, p, o) for t, p, o in zip(samples, prompts, objects)]
-
-    return FunctionReward(
-        batch,
-        name="shapes_think_cells",
-        input="text",
-        needs_prompts=True,
-        fields=("objects",),
-        required=("objects",),
-        preprocess="position questions' <think> cell marks against the scene's objects; other questions 0",
+    return _think_reward(
+        "shapes_think_cells",
+        "think_cells_score",
+        "position questions' <think> cell marks against the scene's objects; other questions 0",
     )
 
 
@@ -82,19 +93,8 @@ def shapes_think_cells() -> Reward:
 def shapes_think_objects() -> Reward:
     """How well a ShapesWorld count, existence or arithmetic think lists the scene ("rc1 gt2 bs3": each object's
     initials and token column): shared marks / max(listed, present); 0 for other questions. Needs `objects`."""
-
-    def batch(samples, prompts, objects):
-        # lazy: `import rewards` works without mmgrpo_shapes (see the module docstring)
-        from mmgrpo_shapes.vqa_think import think_objects_score
-
-        return [think_objects_score(t, p, o) for t, p, o in zip(samples, prompts, objects)]
-
-    return FunctionReward(
-        batch,
-        name="shapes_think_objects",
-        input="text",
-        needs_prompts=True,
-        fields=("objects",),
-        required=("objects",),
-        preprocess="count, existence and arithmetic questions' <think> object list against the scene; others 0",
+    return _think_reward(
+        "shapes_think_objects",
+        "think_objects_score",
+        "count, existence and arithmetic questions' <think> object list against the scene; others 0",
     )
