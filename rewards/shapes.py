@@ -1,6 +1,7 @@
 """The ShapesWorld GenEval-style verifier (mmgrpo_shapes/verifier.py) as the registered reward "shapes_geneval", and
 its object count as "shapes_objects" (a monitor: weight 0 logs reward/<label>/mean); "shapes_think_cells" checks a
-ShapesWorld VQA position think's cells against the record's objects.
+ShapesWorld VQA position think's cells against the record's objects, "shapes_think_objects" a count, existence or
+arithmetic think's object list, "shapes_think_follows" whether an answer follows from its own think.
 
 The verifier is imported inside the call, so `import rewards` works without the ShapesWorld package (mmgrpo_shapes).
 """
@@ -52,25 +53,22 @@ def shapes_objects() -> Reward:
     )
 
 
-def _think_reward(name: str, scorer: str, preprocess: str) -> Reward:
-    """A text reward that scores each sample's <think> against its record's `objects` with mmgrpo_shapes.vqa_think's
-    `scorer(text, prompt, objects)`."""
+def _think_reward(name: str, scorer: str, preprocess: str, objects: bool = True) -> Reward:
+    """A text reward that scores each sample's <think> with mmgrpo_shapes.vqa_think's `scorer(text, prompt,
+    objects)` against its record's `objects`, or `scorer(text, prompt)` when `objects` is False."""
 
-    def batch(samples, prompts, objects):
+    def batch(samples, prompts, objects=None):
         # lazy: `import rewards` works without mmgrpo_shapes (see the module docstring)
         from mmgrpo_shapes import vqa_think
 
         score = getattr(vqa_think, scorer)
+        if objects is None:
+            return [score(t, p) for t, p in zip(samples, prompts)]
         return [score(t, p, o) for t, p, o in zip(samples, prompts, objects)]
 
+    need = ("objects",) if objects else ()
     return FunctionReward(
-        batch,
-        name=name,
-        input="text",
-        needs_prompts=True,
-        fields=("objects",),
-        required=("objects",),
-        preprocess=preprocess,
+        batch, name=name, input="text", needs_prompts=True, fields=need, required=need, preprocess=preprocess
     )
 
 
@@ -97,4 +95,18 @@ def shapes_think_objects() -> Reward:
         "shapes_think_objects",
         "think_objects_score",
         "count, existence and arithmetic questions' <think> object list against the scene; others 0",
+    )
+
+
+@REWARDS.register(
+    "shapes_think_follows", input="text", range="{0, 1}", paper="Faithful GRPO consistency (arXiv:2604.08476)"
+)
+def shapes_think_follows() -> Reward:
+    """1 when a ShapesWorld VQA answer is the one its own <think> implies (the count, lookup or sum over its object
+    list; the yes/no its two position cells give), else 0; 0 for colour and shape. Needs only the text and prompt."""
+    return _think_reward(
+        "shapes_think_follows",
+        "think_follows_score",
+        "count, existence, arithmetic and position answers against their own <think>; others 0",
+        objects=False,
     )
