@@ -109,3 +109,21 @@ def test_reward_set_scores_the_pipelines_records():
     assert total.tolist() == [1.5 if x else 1.0 for x in listed]
     with pytest.raises(ValueError, match="objects"):
         rewards.load("shapes_think_objects")(texts[:1], prompts[:1])
+
+
+def test_list_line_separates_reading_the_scene_from_using_the_list():
+    """Three existence completions on OBJECTS ("rc1 yt1 bs3"), worked by hand: 1 writes the exact list and answers
+    what it implies (yes); 2 writes the exact list and answers against it; 3 misses the square and answers what its
+    list implies (no, wrong). Exact 2/3; the list implies the right answer 2/3; the answer follows it 2/3."""
+    from mmgrpo_shapes.programs.vqa_report import list_line
+
+    rec = {"category": "existence", "prompt": "Is there a blue square?", "answers": "yes", "objects": OBJECTS}
+    texts = [
+        "<think>rc1 yt1 bs3</think><answer>yes</answer>",
+        "<think>rc1 yt1 bs3</think><answer>no</answer>",
+        "<think>rc1 yt1</think><answer>no</answer>",
+    ]
+    line = list_line(texts, [rec] * 3)
+    assert "object lists exact 0.667" in line and "answer follows its list 0.667" in line
+    assert "list score 0.889" in line  # (1 + 1 + 2/3) / 3
+    assert line.endswith("existence 0.667 / 0.667 / 0.667 (n 3)")

@@ -3,6 +3,8 @@ next to chance, and a model's greedy test accuracy with real, blank and shuffled
 
 Run: python -m mmgrpo_shapes.programs.vqa_report --model assets/shapes-vlm --n 300
      python -m mmgrpo_shapes.programs.vqa_report --model assets/shapes-vlm --reading   # where / position thinks
+     python -m mmgrpo_shapes.programs.vqa_report --model assets/shapes-vlm-lists --reading \
+         --weights runs/vlm_shapes_vqa_lists/checkpoints/step_00000410/weights.safetensors   # after RL
 """
 
 import argparse
@@ -71,17 +73,21 @@ def model_report(model: str, split: str = "test", n: int = 300, n_train: int = 3
     return "\n".join(lines)
 
 
-def reading_report(model: str, split: str = "test", n: int = 120) -> str:
+def reading_report(model: str, split: str = "test", n: int = 120, weights: str | None = None) -> str:
     """Whether the model reads an object's token cell: greedy accuracy on the where questions (`where_record`, seed 0)
     of the first `n` records of `split`; on their position questions, how often its think is exactly `position_think`
     (both cells right), the share of cell marks right (`think_cells_score`) and how often the answer follows the
     think's own two cells (`answer_follows_cells`): reading the cells and comparing them are two steps. With object
-    list thinks (pretrain_vlm --list-think), the same for count, existence and arithmetic: lists exact, their score
-    (`think_objects_score`), and answers that follow the model's own list (`answer_from_list`)."""
+    list thinks (pretrain_vlm --list-think), the same for count, existence and arithmetic (`list_line`). `weights`:
+    an RL checkpoint's weights.safetensors loaded over `model` (a full fine-tune writes no save_pretrained folder)."""
     # lazy: transformers is heavy to import; only loading a saved model needs it
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     processor, net = AutoProcessor.from_pretrained(model), AutoModelForImageTextToText.from_pretrained(model)
+    if weights:
+        from safetensors.torch import load_file
+
+        net.load_state_dict(load_file(weights), strict=True)
     encode, tok = encoder("vqa", processor), processor.tokenizer
     recs, rng = records("vqa", split, n, seed=0), np.random.default_rng(0)
     where = [w for w in (where_record(r, rng) for r in recs) if w]
@@ -100,12 +106,34 @@ def reading_report(model: str, split: str = "test", n: int = 120) -> str:
     texts = predict(net, encode, tok, lists, max_new_tokens=24)
     if not any(list_marks(t) for t in texts):  # a fixed think ("Count them."): nothing to report
         return line
-    exact = sum(f"<think>{objects_think(r['objects'])}</think>" in t for t, r in zip(texts, lists)) / len(lists)
-    marks = sum(think_objects_score(t, r["prompt"], r["objects"]) for t, r in zip(texts, lists)) / len(lists)
-    follows = [extract_answer(t) == answer_from_list(r["prompt"], list_marks(t)) for t, r in zip(texts, lists)]
+    return f"{line}; {list_line(texts, lists)}"
+
+
+def list_line(texts: list[str], lists: list[dict]) -> str:
+    """Over the count, existence and arithmetic completions `texts` of `lists`: the lists exact, their score
+    (`think_objects_score`) and the answers that follow the model's own list (`answer_from_list`); then per type the
+    same exact share, how often the model's list implies the right answer, and how often the answer follows it: the
+    three steps (read the scene, the list is enough, use it) apart, so a low accuracy says which one fails."""
+
+    def rates(pairs: list[tuple[str, dict]]) -> tuple[float, float, float, float]:
+        exact = [f"<think>{objects_think(r['objects'])}</think>" in t for t, r in pairs]
+        marks = [think_objects_score(t, r["prompt"], r["objects"]) for t, r in pairs]
+        implied = [answer_from_list(r["prompt"], list_marks(t)) for t, r in pairs]
+        enough = [a == r["answers"] for a, (_, r) in zip(implied, pairs)]
+        follows = [extract_answer(t) == a for a, (t, _) in zip(implied, pairs)]
+        return tuple(sum(v) / len(v) for v in (exact, marks, enough, follows))
+
+    pairs = list(zip(texts, lists))
+    exact, marks, _, follows = rates(pairs)
+    per = []
+    for cat in LIST_TYPES:
+        sub = [(t, r) for t, r in pairs if r["category"] == cat]
+        if sub:
+            e, _, enough, f = rates(sub)
+            per.append(f"{cat} {e:.3f} / {enough:.3f} / {f:.3f} (n {len(sub)})")
     return (
-        f"{line}; object lists exact {exact:.3f}, list score {marks:.3f}, answer follows its list "
-        f"{sum(follows) / len(follows):.3f} (n {len(lists)})"
+        f"object lists exact {exact:.3f}, list score {marks:.3f}, answer follows its list {follows:.3f} "
+        f"(n {len(lists)}); per type, list exact / list implies the right answer / answer follows it: {', '.join(per)}"
     )
 
 
@@ -117,11 +145,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--blind-n", type=int, default=1000, help="questions per split for the blind table")
     p.add_argument("--reading", action="store_true", help="with --model: only the where / position-think line")
     p.add_argument("--reading-n", type=int, default=120, help="records of --split for --reading")
+    p.add_argument(
+        "--weights", default=None, help="with --reading: an RL checkpoint's weights.safetensors loaded over --model"
+    )
     p.add_argument("--threads", type=int, default=1)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     if args.model and args.reading:
-        print(reading_report(args.model, args.split, args.reading_n), flush=True)
+        print(reading_report(args.model, args.split, args.reading_n, args.weights), flush=True)
     elif args.model:
         print(model_report(args.model, args.split, args.n), flush=True)
     else:
