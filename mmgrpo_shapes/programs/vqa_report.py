@@ -11,6 +11,7 @@ import argparse
 
 import numpy as np
 import torch
+from safetensors.torch import load_file
 
 from mmgrpo_shapes.programs.pretrain_vlm import blind_baseline, encoder, evaluate, records, score
 from mmgrpo_shapes.programs.tiny_vlm import predict
@@ -85,8 +86,6 @@ def reading_report(model: str, split: str = "test", n: int = 120, weights: str |
 
     processor, net = AutoProcessor.from_pretrained(model), AutoModelForImageTextToText.from_pretrained(model)
     if weights:
-        from safetensors.torch import load_file
-
         net.load_state_dict(load_file(weights), strict=True)
     encode, tok = encoder("vqa", processor), processor.tokenizer
     recs, rng = records("vqa", split, n, seed=0), np.random.default_rng(0)
