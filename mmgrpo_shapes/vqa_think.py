@@ -68,61 +68,119 @@ LIST_TYPES = ("count", "existence", "arithmetic")
 LIST_PROMPT = re.compile(r"^(How many|Is there|If two more) ")
 
 
-def objects_think(objects: list[dict[str, Any]]) -> str:
+def scene_marks(objects: list[dict[str, Any]]) -> list[str]:
+    """The scene's object marks (`cell_mark` along cx), left to right (then top to bottom): ["rc1", "gt2", "bs3"]."""
+    objs = sorted(objects, key=lambda o: (cell_mark(o, "cx")[1], o["cy"], o["cx"]))
+    return [cell_mark(o, "cx")[0] for o in objs]
+
+
+def objects_think(objects: list[dict[str, Any]], prompt: str | None = None) -> str:
     """The scene's object list as a think: each object's colour and shape initials and its token column, left to
     right (then top to bottom), e.g. "rc1 gt2 bs3". Why: count, existence and arithmetic answers follow from this list
     (count the marks that match, look one up, add two counts), so RL has steps to check (`think_objects_score`) where
     a fixed "Count them." leaves it one number per sample; the marks are `cell_mark`'s, the skill where questions
-    and position thinks already teach."""
-    objs = sorted(objects, key=lambda o: (cell_mark(o, "cx")[1], o["cy"], o["cx"]))
-    return " ".join(cell_mark(o, "cx")[0] for o in objs)
+    and position thinks already teach. With `prompt`, each mark is followed by its `mark_flag` for that question
+    and the spaces go: "rc1+gt2.bs3+" for "How many circles are there?" (pretrain_vlm --list-think flags)."""
+    marks = scene_marks(objects)
+    if prompt is None:
+        return " ".join(marks)
+    return "".join(m + mark_flag(prompt, m) for m in marks)
 
 
 def think_objects_score(text: str, prompt: str, objects: list[dict[str, Any]]) -> float:
     """How well a count, existence or arithmetic think lists the scene: the marks it shares with `objects_think`
     (as multisets) over the larger of the two lists' lengths, in [0, 1]; 0 for other questions or without a
     <think>. E.g. for a red circle at cx 0.3 and a blue square at cx 0.9 ("rc1 bs3"), "rc1 bs3" scores 1,
-    "rc1" 1/2, "rc1 bs3 gt0" 2/3, "rc2 bs3" 1/2. Why: the larger length charges both missed and invented objects,
-    the GenEval-style count score found / max(found, asked) of the T2I verifier."""
+    "rc1" 1/2, "rc1 bs3 gt0" 2/3, "rc2 bs3" 1/2; flags are not scored ("rc1+bs3." scores 1).
+    Why: the larger length charges both missed and invented objects, the GenEval-style count score
+    found / max(found, asked) of the T2I verifier."""
     if LIST_PROMPT.match(prompt.strip()) is None:
         return 0.0
-    said, want = list_marks(text), objects_think(objects).split()
+    said, want = list_marks(text), scene_marks(objects)
     if not said or not want:
         return 0.0
     shared = sum(min(said.count(m), want.count(m)) for m in set(want))
     return shared / max(len(said), len(want))
 
 
+MARK = r"(?<![a-z])([a-z]{2}\d)"
+"""an object mark in a think: colour initial, shape initial, cell digit, not preceded by a letter"""
+
+
 def list_marks(text: str) -> list[str]:
-    """The object marks ("rc1") a completion's <think> writes, in order; [] without a <think>."""
+    """The object marks ("rc1") a completion's <think> writes, in order, with or without flags ("rc1+gt2." ->
+    ["rc1", "gt2"]); [] without a <think>."""
     think = re.search(r"<think>(.*?)</think>", text, flags=re.DOTALL)
-    return [w for w in think.group(1).split() if re.fullmatch(r"[a-z]{2}\d", w)] if think else []
+    return re.findall(MARK, think.group(1)) if think else []
+
+
+def list_flags(text: str) -> list[str]:
+    """The flag after each mark of a completion's <think> ("rc1+gt2.bs3" -> ["+", ".", ""]); [] without one."""
+    think = re.search(r"<think>(.*?)</think>", text, flags=re.DOTALL)
+    return [flag for _, flag in re.findall(MARK + r"([+.-]?)", think.group(1))] if think else []
+
+
+def _question_terms(prompt: str) -> tuple[str, dict[str, str], dict[str, str]] | None:
+    """(kind, what a "+" mark has, what a "-" mark has) of a list question: kind "count", "exists", "more" or
+    "plus2"; each dict maps "shape" / "color" to a word (an empty "+" dict: every object); None for others."""
+    q = prompt.strip()
+    if m := re.fullmatch(r"How many (\w+)s are there\?", q):
+        return "count", {"shape": m.group(1)}, {}
+    if m := re.fullmatch(r"How many (\w+) objects are there\?", q):
+        return "count", {"color": m.group(1)}, {}
+    if q == "How many objects are there in total?":
+        return "count", {}, {}
+    if m := re.fullmatch(r"Is there a (\w+) (\w+)\?", q):
+        return "exists", {"color": m.group(1), "shape": m.group(2)}, {}
+    if m := re.fullmatch(r"How many (\w+)s and (\w+)s are there altogether\?", q):
+        return "count", {"shape": (m.group(1), m.group(2))}, {}
+    if m := re.fullmatch(r"How many more (\w+)s than (\w+)s are there\?", q):
+        return "more", {"shape": m.group(1)}, {"shape": m.group(2)}
+    if m := re.fullmatch(r"If two more (\w+)s were added, how many \w+s would there be\?", q):
+        return "plus2", {"shape": m.group(1)}, {}
+    return None
+
+
+def _has(mark: str, want: dict[str, Any]) -> bool:
+    """Whether a mark ("rc1") has every asked colour and shape (a tuple of shapes: any of them)."""
+    shapes = want.get("shape", ())
+    shapes = (shapes,) if isinstance(shapes, str) else shapes
+    color = want.get("color")
+    return (not shapes or mark[1] in {s[0] for s in shapes}) and (color is None or mark[0] == color[0])
+
+
+def mark_flag(prompt: str, mark: str) -> str:
+    """A mark's flag for a list question: "+" when it counts towards the answer, "-" when it counts against it (the
+    second shape of "How many more circles than squares"), "." otherwise. E.g. "How many circles are there?": "rc1"
+    -> "+", "bs3" -> "."; raises for questions that are not count, existence or arithmetic."""
+    terms = _question_terms(prompt)
+    if terms is None:
+        raise ValueError(f"{prompt!r} is not a count, existence or arithmetic question: it has no object-list flags")
+    _, plus, minus = terms
+    if _has(mark, plus):
+        return "+"
+    return "-" if minus and _has(mark, minus) else "."
 
 
 def answer_from_list(prompt: str, marks: list[str]) -> str | None:
     """The answer a count, existence or arithmetic question has if the scene were exactly `marks` (colour initial,
     shape initial, column); None for other questions. E.g. "How many circles are there?" with ["rc1", "bc3"] -> "2",
     "Is there a blue square?" -> "no". Used to ask whether a model's answer follows its own list."""
-    q = prompt.strip()
+    terms = _question_terms(prompt)
+    return None if terms is None else answer_from_flags(prompt, [mark_flag(prompt, m) for m in marks])
 
-    def n(shape: str | None = None, color: str | None = None) -> int:  # marks of that shape and/or colour
-        return sum((shape is None or k[1] == shape[0]) and (color is None or k[0] == color[0]) for k in marks)
 
-    if m := re.fullmatch(r"How many (\w+)s are there\?", q):
-        return str(n(shape=m.group(1)))
-    if m := re.fullmatch(r"How many (\w+) objects are there\?", q):
-        return str(n(color=m.group(1)))
-    if q == "How many objects are there in total?":
-        return str(len(marks))
-    if m := re.fullmatch(r"Is there a (\w+) (\w+)\?", q):
-        return "yes" if n(shape=m.group(2), color=m.group(1)) else "no"
-    if m := re.fullmatch(r"How many (\w+)s and (\w+)s are there altogether\?", q):
-        return str(n(shape=m.group(1)) + n(shape=m.group(2)))
-    if m := re.fullmatch(r"How many more (\w+)s than (\w+)s are there\?", q):
-        return str(n(shape=m.group(1)) - n(shape=m.group(2)))
-    if m := re.fullmatch(r"If two more (\w+)s were added, how many \w+s would there be\?", q):
-        return str(n(shape=m.group(1)) + 2)
-    return None
+def answer_from_flags(prompt: str, flags: list[str]) -> str | None:
+    """The answer a list question's flags give: the number of "+" ("count"), "yes" if any ("exists"), "+" minus "-"
+    ("more"), "+" plus two ("plus2"); None for other questions. E.g. "Is there a blue square?" with [".", "+"] ->
+    "yes"; "How many more circles than squares are there?" with ["+", "+", "-"] -> "1"."""
+    terms = _question_terms(prompt)
+    if terms is None:
+        return None
+    kind, plus, minus = terms[0], flags.count("+"), flags.count("-")
+    if kind == "exists":
+        return "yes" if plus else "no"
+    return str({"count": plus, "more": plus - minus, "plus2": plus + 2}[kind])
 
 
 def think_text(record: dict[str, Any]) -> str:

@@ -183,7 +183,8 @@ def train_stream(
 ):
     """Endless training records: fresh VQA chunks of the train split (new seed each; only question `types` if given;
     the `blank` types on a blank canvas with no objects; a `where` fraction asked as vqa_think.where_record; with
-    `list_think` count, existence and arithmetic think the scene's object list, vqa_think.objects_think), or a
+    `list_think` count, existence and arithmetic think the scene's object list, vqa_think.objects_think, its marks
+    flagged for the question when it is "flags"), or a
     cycled pool of clips."""
     if task == "grounding":
         recs = records(task, "train", pool, seed=seed)
@@ -197,7 +198,7 @@ def train_stream(
             if where and rng.random() < where and r["category"] not in blank:
                 r = where_record(r, rng) or r
             if list_think and r["category"] in LIST_TYPES:
-                r = dict(r, think=objects_think(r["objects"]))
+                r = dict(r, think=objects_think(r["objects"], r["prompt"] if list_think == "flags" else None))
             if r["category"] in (blank or ()):  # the format and the answer prior, nothing to read from the pixels
                 # the think is fixed before the objects go: a blank position question keeps its scene's cell marks
                 r = dict(swap_images([r], "blank")[0], objects=[], think=think_text(r))

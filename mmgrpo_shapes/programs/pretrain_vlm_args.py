@@ -44,8 +44,9 @@ def add_vqa_args(p) -> None:
         help="vqa: these question types on blank images (the base learns their format and answer prior, not to read)",
     )
     p.add_argument("--where", type=float, default=0.0, help="vqa: fraction of SFT records asked one object's cell")
-    p.add_argument("--list-think", action="store_true",
-                   help="vqa: count, existence and arithmetic think the scene's object list (vqa_think.objects_think)")  # fmt: skip
+    p.add_argument("--list-think", nargs="?", const="marks", choices=("marks", "flags"), default=None,
+                   help="vqa: count, existence and arithmetic think the scene's object list (vqa_think.objects_think); "
+                   "'flags' follows each mark with whether it counts for the question (vqa_think.mark_flag)")  # fmt: skip
     p.add_argument("--key-weight", type=float, default=1.0,
                    help="vqa: SFT loss weight of the answer tokens and the think's digits (vqa_think.key_token_weights)")  # fmt: skip
 

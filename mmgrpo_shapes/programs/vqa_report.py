@@ -21,8 +21,8 @@ from mmgrpo_shapes.vqa_think import (
     answer_follows_cells,
     answer_from_list,
     list_marks,
-    objects_think,
     position_think,
+    scene_marks,
     think_cells_score,
     think_objects_score,
     where_record,
@@ -115,7 +115,7 @@ def list_line(texts: list[str], lists: list[dict]) -> str:
     three steps (read the scene, the list is enough, use it) apart, so a low accuracy says which one fails."""
 
     def rates(pairs: list[tuple[str, dict]]) -> tuple[float, float, float, float]:
-        exact = [f"<think>{objects_think(r['objects'])}</think>" in t for t, r in pairs]
+        exact = [list_marks(t) == scene_marks(r["objects"]) for t, r in pairs]
         marks = [think_objects_score(t, r["prompt"], r["objects"]) for t, r in pairs]
         implied = [answer_from_list(r["prompt"], list_marks(t)) for t, r in pairs]
         enough = [a == r["answers"] for a, (_, r) in zip(implied, pairs)]
