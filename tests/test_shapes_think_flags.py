@@ -100,3 +100,22 @@ def test_flagged_thinks_in_the_sft_stream_fit_the_recipes_max_new_tokens():
     assert all(
         answer_from_flags(r["prompt"], list_flags(f"<think>{r['think']}</think>")) == r["answers"] for r in blanked
     )
+
+
+def test_list_line_reports_the_two_flag_steps():
+    """Three flagged existence completions on OBJECTS, "Is there a blue square?", worked by hand: 1 flags its marks
+    right ("rc1.yt1.bs3+") and answers what the flags give (yes); 2 flags the square "." (wrong for its marks) and
+    answers what its flags give (no); 3 flags right but answers "no" against its "+". Flags right 2/3; the answer
+    follows its flags 2/3. Unflagged completions add nothing to the line."""
+    from mmgrpo_shapes.programs.vqa_report import list_line
+
+    rec = {"category": "existence", "prompt": "Is there a blue square?", "answers": "yes", "objects": OBJECTS}
+    texts = [
+        "<think>rc1.yt1.bs3+</think><answer>yes</answer>",
+        "<think>rc1.yt1.bs3.</think><answer>no</answer>",
+        "<think>rc1.yt1.bs3+</think><answer>no</answer>",
+    ]
+    line = list_line(texts, [rec] * 3)
+    assert "object lists exact 1.000" in line  # every list names the three objects
+    assert line.endswith("flags right for its marks 0.667, answer follows its flags 0.667")
+    assert "flags" not in list_line(["<think>rc1 yt1 bs3</think><answer>yes</answer>"], [rec])

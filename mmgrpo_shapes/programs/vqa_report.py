@@ -19,8 +19,11 @@ from mmgrpo_shapes.vqa import TEMPLATE_ANSWERS, extract_answer, question_templat
 from mmgrpo_shapes.vqa_think import (
     LIST_TYPES,
     answer_follows_cells,
+    answer_from_flags,
     answer_from_list,
+    list_flags,
     list_marks,
+    mark_flag,
     position_think,
     scene_marks,
     think_cells_score,
@@ -130,10 +133,16 @@ def list_line(texts: list[str], lists: list[dict]) -> str:
         if sub:
             e, _, enough, f = rates(sub)
             per.append(f"{cat} {e:.3f} / {enough:.3f} / {f:.3f} (n {len(sub)})")
-    return (
+    line = (
         f"object lists exact {exact:.3f}, list score {marks:.3f}, answer follows its list {follows:.3f} "
         f"(n {len(lists)}); per type, list exact / list implies the right answer / answer follows it: {', '.join(per)}"
     )
+    if not any(f for t in texts for f in list_flags(t)):
+        return line
+    # flagged lists (--list-think flags): using the list splits in two, flag each mark, then count the flags
+    right = [list_flags(t) == [mark_flag(r["prompt"], m) for m in list_marks(t)] for t, r in pairs]
+    counted = [extract_answer(t) == answer_from_flags(r["prompt"], list_flags(t)) for t, r in pairs]
+    return f"{line}; flags right for its marks {sum(right) / len(right):.3f}, answer follows its flags {sum(counted) / len(counted):.3f}"
 
 
 def main(argv: list[str] | None = None) -> None:
