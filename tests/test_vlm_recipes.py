@@ -98,6 +98,7 @@ def test_recipes_run_on_tiny_models_of_their_class():
         "qwen25vl_7b_mathvision.yaml": "tiny-random-qwen2.5-vl",
         "shapes_vqa.yaml": "tiny-random-qwen2-vl",
         "shapes_vqa_arithmetic.yaml": "tiny-random-qwen2-vl",
+        "shapes_vqa_flags.yaml": "tiny-random-qwen2-vl",
         "shapes_vqa_lists.yaml": "tiny-random-qwen2-vl",
         "shapes_vqa_reading.yaml": "tiny-random-qwen2-vl",
     }
